@@ -1,0 +1,80 @@
+"""Goodput: the highest rate scale at which SLO attainment stays at or above a target.
+
+Search: evaluate scale 1; double (or halve) until the target is crossed, then bisect between
+the highest passing and the lowest failing scale until they are within `rel_tol`. This
+assumes attainment falls as the rate rises, as the papers do; when it does not, the answer is
+still a scale that passed, and every evaluated point is kept for the plot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdserve.bench.metrics import Summary
+
+
+@dataclass(frozen=True)
+class GoodputPoint:
+    rate_scale: float
+    rate_rps: float
+    summary: Summary
+
+
+@dataclass(frozen=True)
+class GoodputResult:
+    target_attainment: float
+    rate_scale: float  # highest passing scale found; 0 when even the lowest tried failed
+    rate_rps: float
+    points: list[GoodputPoint]  # every evaluated scale, sorted by scale
+
+
+def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
+                   target_attainment: float = 0.9, rel_tol: float = 0.02,
+                   max_doublings: int = 12,
+                   on_point: Callable[[GoodputPoint], None] | None = None) -> GoodputResult:
+    """`run(scale)` serves the workload at `scale` times its rate and summarizes it."""
+    if not 0 < target_attainment <= 1:
+        raise ValueError(f"target_attainment must be in (0, 1], got {target_attainment}")
+    if not rel_tol > 0:
+        raise ValueError(f"rel_tol must be positive, got {rel_tol}")
+    points: dict[float, GoodputPoint] = {}
+
+    def passes(scale: float) -> bool:
+        if scale not in points:
+            point = GoodputPoint(scale, scale * base_rate_rps, run(scale))
+            points[scale] = point
+            if on_point is not None:
+                on_point(point)
+        return points[scale].summary.slo_attainment >= target_attainment
+
+    low = high = 1.0
+    if passes(1.0):
+        for _ in range(max_doublings):
+            high *= 2
+            if not passes(high):
+                break
+            low = high
+        else:
+            return _result(target_attainment, low, base_rate_rps, points)
+    else:
+        for _ in range(max_doublings):
+            low /= 2
+            if passes(low):
+                break
+            high = low
+        else:
+            return _result(target_attainment, 0.0, base_rate_rps, points)
+    while high / low - 1 > rel_tol:
+        middle = (low + high) / 2
+        if passes(middle):
+            low = middle
+        else:
+            high = middle
+    return _result(target_attainment, low, base_rate_rps, points)
+
+
+def _result(target: float, scale: float, base_rate_rps: float,
+            points: dict[float, GoodputPoint]) -> GoodputResult:
+    return GoodputResult(target, scale, scale * base_rate_rps,
+                         [points[s] for s in sorted(points)])

@@ -1,0 +1,89 @@
+"""Reports of a run: a text table, a JSON summary and a per-request CSV.
+
+Used for simulated runs (`pdserve simulate`) and live ones alike, from `Request` records.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pdserve.bench.goodput import GoodputResult
+from pdserve.bench.metrics import Summary, e2e_s, tpot_s, ttft_s
+from pdserve.types import SLO, Request
+
+
+def format_summary(summary: Summary, slo: SLO, title: str = "") -> str:
+    lines = [title] if title else []
+    lines.append(f"requests {summary.requests}  completed {summary.completed}  "
+                 f"rejected {summary.rejected}  preemptions {summary.preemptions}")
+    lines.append(f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for name, stats in (("TTFT s", summary.ttft_s), ("TPOT s", summary.tpot_s),
+                        ("E2E s", summary.e2e_s)):
+        lines.append(f"{name:<10}{stats.mean:>10.4f}{stats.p50:>10.4f}{stats.p90:>10.4f}"
+                     f"{stats.p99:>10.4f}")
+    lines.append(f"SLO attainment {summary.slo_attainment:.1%} (TTFT <= {slo.ttft_s:g}s: "
+                 f"{summary.ttft_attainment:.1%}, TPOT <= {slo.tpot_s:g}s: "
+                 f"{summary.tpot_attainment:.1%})")
+    lines.append(f"throughput {summary.throughput_rps:.2f} req/s, "
+                 f"{summary.output_tokens_per_s:.0f} output tok/s over {summary.duration_s:.1f}s")
+    return "\n".join(lines)
+
+
+def format_goodput(goodput: GoodputResult) -> str:
+    lines = [f"{'rate scale':>10}{'rate req/s':>12}{'attainment':>12}"]
+    for point in goodput.points:
+        lines.append(f"{point.rate_scale:>10.3f}{point.rate_rps:>12.2f}"
+                     f"{point.summary.slo_attainment:>12.1%}")
+    lines.append(f"goodput: rate scale {goodput.rate_scale:.3f} = {goodput.rate_rps:.2f} req/s "
+                 f"at >= {goodput.target_attainment:.0%} SLO attainment")
+    return "\n".join(lines)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: write null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_summary_json(path: Path, summary: Summary, config: dict[str, Any],
+                       goodput: GoodputResult | None, extra: dict[str, Any]) -> None:
+    document: dict[str, Any] = {"config": config, "summary": asdict(summary), **extra}
+    if goodput is not None:
+        document["goodput"] = {
+            "target_attainment": goodput.target_attainment,
+            "rate_scale": goodput.rate_scale, "rate_rps": goodput.rate_rps,
+            "points": [{"rate_scale": p.rate_scale, "rate_rps": p.rate_rps,
+                        "slo_attainment": p.summary.slo_attainment,
+                        "ttft_p90_s": p.summary.ttft_s.p90, "tpot_p90_s": p.summary.tpot_s.p90}
+                       for p in goodput.points]}
+    path.write_text(json.dumps(_clean(document), indent=2) + "\n")
+
+
+def write_requests_csv(path: Path, requests: Sequence[Request], slo: SLO) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["request_id", "arrival_s", "input_tokens", "output_tokens",
+                         "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "slo_met",
+                         "prefill_instance", "decode_instance", "transfer_s", "preemptions",
+                         "rejected_reason"])
+        for r in requests:
+            done = r.finished
+            writer.writerow([
+                r.request_id, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens,
+                f"{r.first_token_s:.6f}" if done else "", f"{r.finish_s:.6f}" if done else "",
+                f"{ttft_s(r):.6f}" if done else "", f"{tpot_s(r):.6f}" if done else "",
+                f"{e2e_s(r):.6f}" if done else "",
+                int(done and ttft_s(r) <= slo.ttft_s and tpot_s(r) <= slo.tpot_s),
+                r.prefill_instance, r.decode_instance, f"{r.transfer_s:.6f}", r.preemptions,
+                r.rejected_reason])

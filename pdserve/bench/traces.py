@@ -1,0 +1,161 @@
+"""Real traces: the ones shipped with pdserve, and the raw public formats from a user's path.
+
+Shipped (see pdserve/data/ATTRIBUTION.md for sources and licences):
+  azure-code, azure-conv     Azure LLM inference 2023 (CC-BY-4.0; Splitwise, ISCA'24)
+  mooncake-conv              Mooncake conversation trace with prefix block hashes
+  mooncake-sessions          the same requests with inferred session ids and rounds
+                             (Apache-2.0; Mooncake, FAST'25)
+  arxiv-lengths              arXiv summarization (input, output) lengths, no arrivals
+                             (from Vidur, MIT) -- a length table for synthetic workloads
+Formats read from a path, recognised by their header:
+  pdserve CSV     arrival_s,input_tokens,output_tokens[,session_id,round][,hash_ids]
+  Azure CSV       TIMESTAMP,ContextTokens,GeneratedTokens
+  BurstGPT CSV    Timestamp,...,Request tokens,Response tokens,... (failed rows skipped)
+  Mooncake JSONL  {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from pdserve.bench.workload import Workload
+
+SHIPPED_TRACES: dict[str, str] = {
+    "azure-code": "azure_code_2023.csv",
+    "azure-conv": "azure_conv_2023.csv",
+    "mooncake-conv": "mooncake_conversation.csv",
+    "mooncake-sessions": "mooncake_conversation_sessions.csv",
+}
+SHIPPED_LENGTH_TABLES: dict[str, str] = {"arxiv-lengths": "arxiv_summarization_lengths.csv"}
+
+
+def _shipped_path(filename: str) -> Path:
+    return Path(str(resources.files("pdserve.data") / "traces" / filename))
+
+
+def load_trace(name_or_path: str) -> Workload:
+    """A shipped trace by short name, or a trace file in any supported format."""
+    if name_or_path in SHIPPED_TRACES:
+        return _read_csv(_shipped_path(SHIPPED_TRACES[name_or_path]), name_or_path)
+    if name_or_path in SHIPPED_LENGTH_TABLES:
+        raise ValueError(f"{name_or_path!r} is a length table without arrival times; use it "
+                         f"for a synthetic workload (lengths 'table:{name_or_path}')")
+    path = Path(name_or_path)
+    if not path.is_file():
+        known = ", ".join([*SHIPPED_TRACES, *SHIPPED_LENGTH_TABLES])
+        raise ValueError(f"trace {name_or_path!r} is neither a shipped trace ({known}) "
+                         f"nor a file")
+    if path.suffix in (".jsonl", ".json"):
+        return _read_mooncake_jsonl(path)
+    return _read_csv(path, path.stem)
+
+
+def load_length_table(name_or_path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(input_tokens, output_tokens) columns of a length table or of any trace."""
+    if name_or_path in SHIPPED_LENGTH_TABLES:
+        path = _shipped_path(SHIPPED_LENGTH_TABLES[name_or_path])
+    elif name_or_path in SHIPPED_TRACES:
+        workload = load_trace(name_or_path)
+        return workload.input_tokens, workload.output_tokens
+    else:
+        path = Path(name_or_path)
+    rows = _rows(path)
+    header = rows[0]
+    try:
+        i_in, i_out = header.index("input_tokens"), header.index("output_tokens")
+    except ValueError:
+        workload = load_trace(str(path))
+        return workload.input_tokens, workload.output_tokens
+    data = np.array([(int(r[i_in]), int(r[i_out])) for r in rows[1:]], dtype=np.int64)
+    return data[:, 0], data[:, 1]
+
+
+def _rows(path: Path) -> list[list[str]]:
+    try:
+        with path.open(newline="") as handle:
+            rows = list(csv.reader(handle))
+    except OSError as err:
+        raise ValueError(f"cannot read trace {path}: {err}") from err
+    if not rows:
+        raise ValueError(f"trace {path} is empty")
+    return rows
+
+
+def _read_csv(path: Path, name: str) -> Workload:
+    rows = _rows(path)
+    header = [h.strip() for h in rows[0]]
+    body = rows[1:]
+    try:
+        if "arrival_s" in header:
+            return _pdserve_schema(header, body, name)
+        if "TIMESTAMP" in header and "ContextTokens" in header:
+            return _azure(header, body, name)
+        if "Request tokens" in header and "Response tokens" in header:
+            return _burstgpt(header, body, name)
+    except (ValueError, IndexError) as err:
+        raise ValueError(f"trace {path}: malformed row ({err})") from err
+    raise ValueError(f"trace {path}: unrecognised header {header}; expected the pdserve, "
+                     f"Azure or BurstGPT CSV schema")
+
+
+def _pdserve_schema(header: list[str], body: list[list[str]], name: str) -> Workload:
+    col = {h: i for i, h in enumerate(header)}
+    arrival = np.array([float(r[col["arrival_s"]]) for r in body])
+    n_in = np.array([int(r[col["input_tokens"]]) for r in body], dtype=np.int64)
+    n_out = np.array([int(r[col["output_tokens"]]) for r in body], dtype=np.int64)
+    sessions = rounds = hashes = None
+    if "session_id" in col:
+        sessions = np.array([int(r[col["session_id"]]) for r in body], dtype=np.int64)
+        rounds = np.array([int(r[col["round"]]) for r in body], dtype=np.int64)
+    if "hash_ids" in col:
+        hashes = tuple(tuple(int(h) for h in r[col["hash_ids"]].split()) for r in body)
+    return Workload(name, arrival, n_in, n_out, sessions, rounds, hashes)
+
+
+def _azure(header: list[str], body: list[list[str]], name: str) -> Workload:
+    col = {h: i for i, h in enumerate(header)}
+    stamps = np.array([np.datetime64(r[col["TIMESTAMP"]].strip().replace(" ", "T"), "ns")
+                       for r in body])
+    order = np.argsort(stamps, kind="stable")
+    seconds = (stamps[order] - stamps[order][0]).astype(np.int64) / 1e9
+    n_in = np.array([int(r[col["ContextTokens"]]) for r in body], dtype=np.int64)[order]
+    n_out = np.array([int(r[col["GeneratedTokens"]]) for r in body], dtype=np.int64)[order]
+    keep = (n_in > 0) & (n_out > 0)
+    return Workload(name, seconds[keep], n_in[keep], n_out[keep])
+
+
+def _burstgpt(header: list[str], body: list[list[str]], name: str) -> Workload:
+    col = {h: i for i, h in enumerate(header)}
+    data = np.array([(float(r[col["Timestamp"]]), int(r[col["Request tokens"]]),
+                      int(r[col["Response tokens"]])) for r in body])
+    data = data[(data[:, 1] > 0) & (data[:, 2] > 0)]  # failed requests have 0 response tokens
+    data = data[np.argsort(data[:, 0], kind="stable")]
+    return Workload(name, data[:, 0] - data[0, 0], data[:, 1].astype(np.int64),
+                    data[:, 2].astype(np.int64))
+
+
+def _read_mooncake_jsonl(path: Path) -> Workload:
+    records = []
+    with path.open() as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                records.append((float(raw["timestamp"]) / 1000.0, int(raw["input_length"]),
+                                int(raw["output_length"]), tuple(raw.get("hash_ids", ()))))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+                raise ValueError(f"{path}:{line_no}: not a Mooncake trace record ({err})") from err
+    if not records:
+        raise ValueError(f"trace {path} is empty")
+    records.sort(key=lambda r: r[0])
+    start = records[0][0]
+    return Workload(path.stem, np.array([r[0] - start for r in records]),
+                    np.array([r[1] for r in records], dtype=np.int64),
+                    np.array([r[2] for r in records], dtype=np.int64),
+                    hash_ids=tuple(r[3] for r in records))

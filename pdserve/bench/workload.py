@@ -1,0 +1,94 @@
+"""A workload: arrival times and lengths, with rate scaling and time windows.
+
+Rate scaling divides timestamps by the scale (scale 2 = twice the request rate), as the
+papers replay traces. `window` clips to [start, start + duration) and rebases time to 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pdserve.types import Request
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    arrival_s: np.ndarray  # float64, non-decreasing
+    input_tokens: np.ndarray  # int64, >= 1
+    output_tokens: np.ndarray  # int64, >= 1
+    session_id: np.ndarray | None = None
+    round_index: np.ndarray | None = None
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        for column in ("input_tokens", "output_tokens", "session_id", "round_index", "hash_ids"):
+            values = getattr(self, column)
+            if values is not None and len(values) != n:
+                raise ValueError(f"workload {self.name!r}: {column} has {len(values)} rows, "
+                                 f"arrival_s has {n}")
+        if n and np.any(np.diff(self.arrival_s) < 0):
+            raise ValueError(f"workload {self.name!r}: arrival times must not decrease")
+        if n and (self.input_tokens.min() < 1 or self.output_tokens.min() < 1):
+            raise ValueError(f"workload {self.name!r}: every request needs at least one input "
+                             f"and one output token")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def span_s(self) -> float:
+        return float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) > 1 else 0.0
+
+    @property
+    def mean_rate_rps(self) -> float:
+        return (len(self) - 1) / self.span_s if self.span_s > 0 else 0.0
+
+    def _select(self, mask: np.ndarray | slice, name: str) -> Workload:
+        hashes = self.hash_ids
+        if hashes is not None:
+            indices = np.arange(len(self))[mask]
+            hashes = tuple(hashes[i] for i in indices)
+        return replace(self, name=name, arrival_s=self.arrival_s[mask],
+                       input_tokens=self.input_tokens[mask],
+                       output_tokens=self.output_tokens[mask],
+                       session_id=None if self.session_id is None else self.session_id[mask],
+                       round_index=None if self.round_index is None else self.round_index[mask],
+                       hash_ids=hashes)
+
+    def scaled(self, rate_scale: float) -> Workload:
+        if not rate_scale > 0:
+            raise ValueError(f"rate_scale must be positive, got {rate_scale}")
+        if rate_scale == 1:
+            return self
+        return replace(self, name=f"{self.name}x{rate_scale:g}",
+                       arrival_s=self.arrival_s / rate_scale)
+
+    def window(self, start_s: float = 0.0, duration_s: float | None = None) -> Workload:
+        """Requests arriving in [start_s, start_s + duration_s), with time rebased to 0."""
+        if start_s < 0 or (duration_s is not None and duration_s <= 0):
+            raise ValueError(f"bad window start={start_s} duration={duration_s}")
+        origin = self.arrival_s[0] + start_s if len(self) else 0.0
+        mask = self.arrival_s >= origin
+        if duration_s is not None:
+            mask &= self.arrival_s < origin + duration_s
+        clipped = self._select(mask, self.name)
+        return replace(clipped, arrival_s=clipped.arrival_s - origin)
+
+    def head(self, count: int) -> Workload:
+        return self._select(slice(0, count), self.name)
+
+    def requests(self) -> list[Request]:
+        sessions = self.session_id
+        rounds = self.round_index
+        hashes = self.hash_ids
+        return [Request(i, float(a), int(n_in), int(n_out),
+                        session_id=-1 if sessions is None else int(sessions[i]),
+                        round_index=0 if rounds is None else int(rounds[i]),
+                        hash_ids=() if hashes is None else hashes[i])
+                for i, (a, n_in, n_out) in enumerate(zip(
+                    self.arrival_s.tolist(), self.input_tokens.tolist(),
+                    self.output_tokens.tolist(), strict=True))]

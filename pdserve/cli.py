@@ -1,0 +1,160 @@
+"""Command line: `pdserve simulate` (the live commands arrive with the live issues)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from pdserve.bench.traces import SHIPPED_TRACES
+from pdserve.config import SimConfig
+from pdserve.perf.specs import GPUS, MODELS
+from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
+
+# flag -> SimConfig field, for flags whose name differs from the field
+_FIELD_OF = {"ttft_slo": "ttft_slo_s", "tpot_slo": "tpot_slo_s", "start": "start_s",
+             "duration": "duration_s", "chunk_size": "chunk_size_tokens",
+             "monitor_interval": "monitor_interval_s", "synthetic_rate": "synthetic_rate_rps"}
+
+
+def _simulate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate", help="replay a trace on a simulated cluster under a policy",
+        description="Replay a trace on a simulated PD cluster and report TTFT/TPOT, SLO "
+        "attainment, throughput and (with --goodput) the highest rate meeting the SLOs.",
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", help=f"shipped trace ({', '.join(SHIPPED_TRACES)}), a trace file "
+                   "(pdserve/Azure/BurstGPT CSV, Mooncake JSONL), or 'synthetic' [azure-conv]")
+    w.add_argument("--rate-scale", type=float, help="multiply the request rate [1]")
+    w.add_argument("--start", type=float, help="skip the first START seconds of the trace [0]")
+    w.add_argument("--duration", type=float, help="keep DURATION seconds of the trace [all]")
+    w.add_argument("--max-requests", type=int, help="keep at most this many requests")
+    w.add_argument("--synthetic-requests", type=int, help="synthetic: number of requests [1000]")
+    w.add_argument("--synthetic-rate", type=float, help="synthetic: requests per second [10]")
+    w.add_argument("--synthetic-arrival", choices=["poisson", "gamma"], help="[poisson]")
+    w.add_argument("--synthetic-cv", type=float, help="gamma arrivals' coefficient of "
+                   "variation [1]")
+    w.add_argument("--synthetic-lengths", help="fixed:IN:OUT | table:arxiv-lengths | "
+                   "uniform:LO-HI:LO-HI | lognormal:MEAN_IN:MEAN_OUT:SIGMA [fixed:512:128]")
+    w.add_argument("--seed", type=int, help="seed of synthetic workloads [0]")
+    c = p.add_argument_group("cluster and policy")
+    c.add_argument("--policy", choices=list(PRESETS), help="policy preset [static-pd]")
+    c.add_argument("--prefill-router", choices=list(PREFILL_ROUTERS),
+                   help="replace the preset's prefill router")
+    c.add_argument("--decode-router", choices=list(DECODE_ROUTERS),
+                   help="replace the preset's decode router")
+    c.add_argument("--prefill", type=int, help="prefill instances (disaggregated presets) [4]")
+    c.add_argument("--decode", type=int, help="decode instances (disaggregated presets) [4]")
+    c.add_argument("--instances", type=int, help="instances (colocated preset) [8]")
+    c.add_argument("--model", help=f"model ({', '.join(MODELS)}) [llama-3.1-8b]")
+    c.add_argument("--gpu", help=f"GPU ({', '.join(GPUS)}) [h800]")
+    c.add_argument("--tp", type=int, help="tensor-parallel degree per instance [setup's]")
+    c.add_argument("--perf-model", help="fitted performance model file (from pdserve profile)")
+    c.add_argument("--chunk-size", type=int, help="per-step token budget per instance [2048]")
+    c.add_argument("--max-batch-size", type=int, help="max sequences per instance [256]")
+    c.add_argument("--transfer-calls", type=int, help="transfer calls per KV hand-off [1]")
+    c.add_argument("--monitor-interval", type=float, help="monitor tick, seconds [1]")
+    s = p.add_argument_group("SLOs and output")
+    s.add_argument("--ttft-slo", type=float, help="TTFT target, seconds [2]")
+    s.add_argument("--tpot-slo", type=float, help="TPOT target, seconds [0.15]")
+    s.add_argument("--goodput", action="store_true", default=None,
+                   help="search the highest rate scale with >= 90%% attainment")
+    s.add_argument("--goodput-target", type=float, help="attainment for goodput [0.9]")
+    s.add_argument("--config", type=Path, help="YAML file of config fields; flags override it")
+    s.add_argument("--out", type=Path, help="write summary.json, requests.csv and plots here")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_run_simulate)
+
+
+def _config_from_args(args: argparse.Namespace) -> SimConfig:
+    config = SimConfig.from_yaml(args.config) if args.config else SimConfig()
+    skip = {"command", "handler", "config", "out", "no_progress"}
+    overrides = {_FIELD_OF.get(k, k): v for k, v in vars(args).items()
+                 if k not in skip and v is not None}
+    return config.replaced(**overrides) if overrides else config
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from pdserve.bench import plots
+    from pdserve.bench.report import (
+        format_goodput,
+        format_summary,
+        write_requests_csv,
+        write_summary_json,
+    )
+    from pdserve.sim.runner import Experiment
+
+    config = _config_from_args(args)
+    started = time.perf_counter()
+    experiment = Experiment.from_config(config)
+    workload = experiment.workload
+    print(f"workload {workload.name}: {len(workload)} requests over {workload.span_s:.0f}s "
+          f"({workload.mean_rate_rps:.2f} req/s) x rate scale {config.rate_scale:g}")
+    print(f"perf model {experiment.perf.name}: KV capacity {experiment.perf.kv_capacity_tokens} "
+          f"tokens; fit R2 prefill {experiment.perf.prefill.r2:.4f}, decode "
+          f"{experiment.perf.decode.r2:.4f}")
+    bar = tqdm(total=len(workload), unit="req", desc="simulate", disable=True if
+               args.no_progress else None, leave=False)
+    result = experiment.simulate(on_progress=lambda done: bar.update(done - bar.n))
+    bar.close()
+    summary = experiment.summarize(result)
+    print(format_summary(summary, experiment.slo,
+                         f"policy {config.policy}: simulated {result.end_s:.0f}s in "
+                         f"{time.perf_counter() - started:.1f}s wall"))
+    goodput = None
+    if config.goodput:
+        print("goodput search:")
+        goodput = experiment.goodput(on_point=lambda p: print(
+            f"  rate scale {p.rate_scale:8.3f}  {p.rate_rps:8.2f} req/s  attainment "
+            f"{p.summary.slo_attainment:6.1%}", flush=True))
+        print(format_goodput(goodput))
+    if args.out:
+        out: Path = args.out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
+        write_summary_json(out / "summary.json", summary, asdict(config), goodput,
+                           {"role_changes": result.role_changes, "simulated_s": result.end_s})
+        write_requests_csv(out / "requests.csv", result.requests, experiment.slo)
+        plots.plot_latency_cdfs(out / "latency_cdf.png", result.requests, experiment.slo,
+                                f"{config.policy} on {workload.name}")
+        samples = result.samples
+        plots.plot_instance_load(
+            out / "instance_load.png", [s.time_s for s in samples],
+            np.array([s.running_tokens for s in samples]),
+            np.array([s.prefill_queue_tokens for s in samples]),
+            [[r.value for r in s.roles] for s in samples], f"{config.policy} on {workload.name}")
+        if goodput is not None:
+            plots.plot_attainment(out / "attainment_vs_rate.png", {config.policy: goodput},
+                                  f"{workload.name}, TTFT {config.ttft_slo_s:g}s, TPOT "
+                                  f"{config.tpot_slo_s:g}s")
+        print(f"wrote {out}/: summary.json, requests.csv, config.yaml, latency_cdf.png, "
+              f"instance_load.png" + (", attainment_vs_rate.png" if goodput else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pdserve", description="Serve LLMs with adaptive "
+                                     "prefill/decode disaggregation; simulate policies on traces.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _simulate_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except ValueError as err:
+        print(f"pdserve: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pdserve: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""What flows into the global scheduler (events) and out of it (actions).
+
+Both drivers, simulated and live, produce the same events and apply the same actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pdserve.instance.stats import InstanceLoad
+from pdserve.types import Request, Role
+
+# ---- events ----
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """A request's first prefill finished on `instance_id`; its KV is held there."""
+
+    request: Request
+    instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    request: Request
+    instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The periodic monitor tick."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceFailed:
+    instance_id: int
+
+
+Event = Arrival | PrefillDone | Finished | Tick | InstanceFailed
+
+# ---- actions ----
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPrefill:
+    request: Request
+    instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchDecode:
+    """Continue `request` on `target_id`; its KV moves there unless target == source."""
+
+    request: Request
+    source_id: int
+    target_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    request: Request
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetRole:
+    instance_id: int
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class SetChunkSize:
+    instance_id: int
+    chunk_size_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move a running decode and its KV from `source_id` to `target_id`."""
+
+    request: Request
+    source_id: int
+    target_id: int
+
+
+Action = DispatchPrefill | DispatchDecode | Reject | SetRole | SetChunkSize | Migrate
+
+
+@dataclass(slots=True)
+class ClusterView:
+    """The cluster as the global scheduler sees it: a time and each instance's load.
+
+    `instances[i]` is instance i. Drivers may reuse one view and update it in place."""
+
+    now_s: float
+    instances: Sequence[InstanceLoad]

@@ -1,0 +1,120 @@
+"""One flat, typed configuration for a simulation; loadable from YAML.
+
+Every field can be set in a YAML file (`pdserve simulate --config run.yaml`) and overridden
+on the command line. A policy is a preset name (`policy: static-pd`), optionally with its
+components replaced (`prefill_router: round-robin`). Errors name the offending field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class SimConfig:
+    # workload
+    trace: str = "azure-conv"  # shipped name, trace path, or "synthetic"
+    rate_scale: float = 1.0
+    start_s: float = 0.0
+    duration_s: float | None = None
+    max_requests: int | None = None
+    synthetic_requests: int = 1000
+    synthetic_rate_rps: float = 10.0
+    synthetic_arrival: str = "poisson"
+    synthetic_cv: float = 1.0
+    synthetic_lengths: str = "fixed:512:128"
+    seed: int = 0
+    # policy
+    policy: str = "static-pd"
+    prefill_router: str = ""  # "" keeps the preset's component
+    decode_router: str = ""
+    instances: int = 8  # colocated presets
+    prefill: int = 4  # disaggregated presets
+    decode: int = 4
+    # hardware and performance model
+    model: str = "llama-3.1-8b"
+    gpu: str = "h800"
+    tp: int = 0  # 0: the preset setup's degree
+    perf_model: str = ""  # a fitted model file (pdserve profile); replaces model x gpu
+    # instances
+    chunk_size_tokens: int = 2048
+    max_batch_size: int = 256
+    transfer_calls: int = 1
+    monitor_interval_s: float = 1.0
+    # SLOs and goodput
+    ttft_slo_s: float = 2.0
+    tpot_slo_s: float = 0.15
+    goodput: bool = False
+    goodput_target: float = 0.9
+    goodput_tolerance: float = 0.02
+
+    def __post_init__(self) -> None:
+        positive = ("rate_scale", "synthetic_requests", "synthetic_rate_rps", "synthetic_cv",
+                    "instances", "prefill", "decode", "chunk_size_tokens", "max_batch_size",
+                    "transfer_calls", "monitor_interval_s", "ttft_slo_s", "tpot_slo_s",
+                    "goodput_tolerance")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"config field {name!r} must be positive, got "
+                                 f"{getattr(self, name)!r}")
+        for name in ("duration_s", "max_requests"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"config field {name!r} must be positive, got {value!r}")
+        if self.start_s < 0:
+            raise ValueError(f"config field 'start_s' must not be negative, got {self.start_s}")
+        if self.tp < 0:
+            raise ValueError(f"config field 'tp' must not be negative, got {self.tp}")
+        if not 0 < self.goodput_target <= 1:
+            raise ValueError(f"config field 'goodput_target' must be in (0, 1], got "
+                             f"{self.goodput_target}")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> SimConfig:
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in fields(cls)]
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in hints:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"{source}: unknown field {key!r}{hint}")
+            values[key] = _coerce(key, value, hints[key], source)
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SimConfig:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"cannot read config {path}: {err}") from err
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a config file must be a mapping of field: value")
+        return cls.from_dict(raw, str(path))
+
+    def replaced(self, **changes: Any) -> SimConfig:
+        return SimConfig.from_dict({**asdict(self), **changes})
+
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    for kind in allowed:
+        if kind is bool and isinstance(value, bool):
+            return value
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if kind is str and isinstance(value, str):
+            return value
+    wanted = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)
+    raise ValueError(f"{source}: field {key!r} must be {wanted}, got {value!r}")

@@ -1,0 +1,366 @@
+"""The instance-side scheduler, one piece of code for the simulated and the live instance.
+
+Each step it forms one batch, in this order:
+  1. requests whose KV is ready (transferred in, or prefilled here and kept) join the
+     running decodes, up to `max_batch_size` sequences;
+  2. every running decode gets one token (decode first); when its KV cannot grow by a block,
+     the newest admitted sequence is preempted and later recomputed from its tokens, as vLLM
+     does;
+  3. the rest of the per-step token budget (`chunk_size_tokens` minus the decodes) goes to
+     prefill chunks: partially prefilled requests first, then the waiting queue in the order
+     the `QueueOrder` hook keeps.
+KV memory is counted in blocks of 16 tokens against `total_blocks`. Incoming KV transfers
+wait in an FCFS queue until their blocks can be reserved.
+
+The scheduler never measures time: a driver asks for a `BatchPlan`, runs it (a performance
+model in simulation, the engine in the live world) and hands it back to `complete`. A
+decode-only plan may cover several steps (`max_steps`), which the simulator uses to advance
+a batch whose composition cannot change; `shrink_span` cuts such a plan short when new work
+arrives, giving exactly the state that running the steps one by one gives.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pdserve.instance.queue_order import FCFSOrder, QueueOrder
+from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One batch: each decode advances `steps` tokens; each chunk computes its tokens once."""
+
+    decodes: list[Request]
+    chunks: list[tuple[Request, int]]
+    steps: int = 1
+    decode_context_tokens: int = 0  # sum of sequence lengths at the first step
+    prefill_tokens: int = 0
+    prefill_attn_units: int = 0
+
+
+@dataclass(slots=True)
+class BatchResult:
+    finished: list[Request] = field(default_factory=list)
+    prefilled: list[Request] = field(default_factory=list)  # first prefill done, KV held here
+
+
+class LocalScheduler:
+    def __init__(self, instance_id: int, total_blocks: int, chunk_size_tokens: int,
+                 max_batch_size: int = 256, queue_order: QueueOrder | None = None) -> None:
+        if total_blocks <= 0:
+            raise ValueError(f"total_blocks must be positive, got {total_blocks}")
+        if chunk_size_tokens <= 0:
+            raise ValueError(f"chunk_size_tokens must be positive, got {chunk_size_tokens}")
+        if max_batch_size <= 0:
+            raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
+        self.instance_id = instance_id
+        self.total_blocks = total_blocks
+        self.free_blocks = total_blocks
+        self.chunk_size_tokens = chunk_size_tokens
+        self.max_batch_size = max_batch_size
+        self.queue_order: QueueOrder = queue_order or FCFSOrder()
+        self.waiting: list[Request] = []
+        self.prefilling: dict[int, Request] = {}
+        self.running: dict[int, Request] = {}
+        self.ready: deque[Request] = deque()
+        self.transfer_queue: deque[Request] = deque()
+        self.transferring: dict[int, Request] = {}
+        self.held: dict[int, tuple[Request, int]] = {}  # prefilled here, awaiting hand-off
+        self._admit_counter = 0
+        # load counters, kept incrementally so reading them is O(1)
+        self.prefill_queue_tokens = 0
+        self.prefill_queue_attn_units = 0
+        self.decode_queue_tokens = 0
+        self.running_tokens = 0
+        self.preemptions_total = 0
+        self.decode_steps_total = 0
+        self.decode_busy_s_total = 0.0
+        self.last_token_interval_s = 0.0
+
+    # ---- InstanceLoad ----
+    @property
+    def prefill_queue_len(self) -> int:
+        return len(self.waiting) + len(self.prefilling)
+
+    @property
+    def decode_queue_len(self) -> int:
+        return len(self.transfer_queue) + len(self.transferring) + len(self.ready)
+
+    @property
+    def running_decodes(self) -> int:
+        return len(self.running)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.total_blocks - self.free_blocks
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.prefilling or self.waiting or self.ready)
+
+    # ---- work coming in ----
+    def enqueue_prefill(self, request: Request) -> None:
+        request.prefill_target_tokens = request.input_tokens + request.generated_tokens
+        request.prefilled_tokens = 0
+        self._add_prefill_load(request)
+        self.queue_order.insert(self.waiting, request)
+
+    def continue_in_place(self, request: Request) -> None:
+        """Decode a request here whose prefill this instance just finished."""
+        held, blocks = self.held.pop(request.request_id)
+        held.kv_blocks = blocks
+        self._to_ready(held)
+
+    def release_handoff(self, request: Request) -> None:
+        """Free the KV of a request that has been transferred to another instance."""
+        _, blocks = self.held.pop(request.request_id)
+        self.free_blocks += blocks
+
+    def enqueue_transfer_in(self, request: Request) -> None:
+        self.decode_queue_tokens += request.sequence_tokens
+        self.transfer_queue.append(request)
+
+    def admit_transfers(self) -> list[Request]:
+        """Reserve blocks for queued transfers, FCFS; returns those that may start now."""
+        started: list[Request] = []
+        while self.transfer_queue:
+            request = self.transfer_queue[0]
+            need = blocks_for(request.sequence_tokens - 1)
+            if need > self.free_blocks:
+                break
+            self.transfer_queue.popleft()
+            self.free_blocks -= need
+            request.kv_blocks = need
+            self.transferring[request.request_id] = request
+            started.append(request)
+        return started
+
+    def transfer_done(self, request: Request) -> None:
+        del self.transferring[request.request_id]
+        self.ready.append(request)  # still counted in decode_queue_tokens until it joins
+
+    def _to_ready(self, request: Request) -> None:
+        self.ready.append(request)
+        self.decode_queue_tokens += request.sequence_tokens
+
+    # ---- batch formation ----
+    def plan(self, max_steps: int = 1) -> BatchPlan | None:
+        """Form the next batch, or None when there is nothing to run."""
+        self._join_ready()
+        preemptions_before = self.preemptions_total
+        self._grow_decodes()
+        decodes = list(self.running.values())
+        # a step that had to preempt admits no new prefill (vLLM does the same)
+        chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes),
+                                   admit_waiting=self.preemptions_total == preemptions_before)
+        if not decodes and not chunks:
+            return None
+        plan = BatchPlan(decodes, chunks, decode_context_tokens=self.running_tokens)
+        for request, tokens in chunks:
+            plan.prefill_tokens += tokens
+            plan.prefill_attn_units += attn_units(tokens, request.prefilled_tokens)
+        if not chunks and max_steps > 1:
+            plan.steps = self._reserve_span(decodes, max_steps)
+        return plan
+
+    def _join_ready(self) -> None:
+        while self.ready and len(self.running) + len(self.prefilling) < self.max_batch_size:
+            request = self.ready.popleft()
+            self.decode_queue_tokens -= request.sequence_tokens
+            self._admit_counter += 1
+            request.admit_seq = self._admit_counter
+            self.running[request.request_id] = request
+            self.running_tokens += request.sequence_tokens
+
+    def _grow_decodes(self) -> None:
+        running = self.running.values()
+        needs = [-(-(r.input_tokens + r.generated_tokens) // KV_BLOCK_TOKENS) - r.kv_blocks
+                 for r in running]
+        total = sum(needs)
+        if total <= self.free_blocks:  # the common case: every decode can grow
+            if total:
+                self.free_blocks -= total
+                for request, need in zip(running, needs, strict=True):
+                    request.kv_blocks += need
+            return
+        for request in list(running):
+            if request.request_id not in self.running:
+                continue  # preempted while making room for an older one
+            need = blocks_for(request.sequence_tokens) - request.kv_blocks
+            while need > self.free_blocks:
+                victim = self._newest_admitted()
+                self._preempt(victim)
+                if victim is request:
+                    break
+            else:
+                self.free_blocks -= need
+                request.kv_blocks += need
+
+    def _plan_chunks(self, budget_tokens: int, admit_waiting: bool) -> list[tuple[Request, int]]:
+        chunks: list[tuple[Request, int]] = []
+        for request in self.prefilling.values():
+            if budget_tokens <= 0:
+                return chunks
+            tokens = self._allocate_chunk(request, budget_tokens)
+            if tokens == 0:
+                return chunks  # out of memory: later prefills wait too (FCFS)
+            chunks.append((request, tokens))
+            budget_tokens -= tokens
+        while (admit_waiting and budget_tokens > 0 and self.waiting
+               and len(self.running) + len(self.prefilling) < self.max_batch_size):
+            request = self.waiting[0]
+            tokens = self._allocate_chunk(request, budget_tokens)
+            if tokens == 0:
+                break
+            self.waiting.pop(0)
+            self._admit_counter += 1
+            request.admit_seq = self._admit_counter
+            self.prefilling[request.request_id] = request
+            chunks.append((request, tokens))
+            budget_tokens -= tokens
+        return chunks
+
+    def _allocate_chunk(self, request: Request, budget_tokens: int) -> int:
+        remaining = request.prefill_target_tokens - request.prefilled_tokens
+        tokens = min(remaining, budget_tokens)
+        need = blocks_for(request.prefilled_tokens + tokens) - request.kv_blocks
+        if need > self.free_blocks:
+            return 0
+        self.free_blocks -= need
+        request.kv_blocks += need
+        return tokens
+
+    def _reserve_span(self, decodes: list[Request], max_steps: int) -> int:
+        """Longest run of steps with an unchanged batch: no decode finishes before its last
+        step and every block it needs is free. Reserves those blocks."""
+        steps = min(max_steps, min(r.output_tokens - r.generated_tokens for r in decodes))
+        if steps <= 1:
+            return 1
+        if self._span_blocks(decodes, steps) > self.free_blocks:
+            low, high = 1, steps  # low fits (its blocks were allocated by _grow_decodes)
+            while high - low > 1:
+                mid = (low + high) // 2
+                if self._span_blocks(decodes, mid) <= self.free_blocks:
+                    low = mid
+                else:
+                    high = mid
+            steps = low
+        extra = steps - 1
+        for request in decodes:
+            blocks = -(-(request.input_tokens + request.generated_tokens + extra)
+                       // KV_BLOCK_TOKENS)
+            self.free_blocks -= blocks - request.kv_blocks
+            request.kv_blocks = blocks
+        return steps
+
+    @staticmethod
+    def _span_blocks(decodes: list[Request], steps: int) -> int:
+        """Blocks the decodes need beyond what they hold to run `steps` steps."""
+        extra = steps - 1
+        return sum(-(-(r.input_tokens + r.generated_tokens + extra) // KV_BLOCK_TOKENS)
+                   - r.kv_blocks for r in decodes)
+
+    def shrink_span(self, plan: BatchPlan, steps: int) -> None:
+        """Cut a multi-step plan to its first `steps` steps, giving back the blocks reserved
+        for the rest; the state is then what running it step by step would have reached."""
+        if not 1 <= steps <= plan.steps:
+            raise ValueError(f"steps must be in 1..{plan.steps}, got {steps}")
+        for request in plan.decodes:
+            blocks = blocks_for(request.sequence_tokens + steps - 1)
+            self.free_blocks += request.kv_blocks - blocks
+            request.kv_blocks = blocks
+        plan.steps = steps
+
+    def blocks_after(self, plan: BatchPlan, steps: int) -> int:
+        """Blocks in use once `steps` steps of `plan` have been scheduled (for a view of an
+        instance part-way through a multi-step plan)."""
+        excess = sum(r.kv_blocks - blocks_for(r.sequence_tokens + steps - 1)
+                     for r in plan.decodes)
+        return self.used_blocks - excess
+
+    # ---- batch completion ----
+    def complete(self, plan: BatchPlan, duration_s: float = 0.0,
+                 stopped: frozenset[int] = frozenset()) -> BatchResult:
+        """Apply a batch that has run all its steps.
+
+        `stopped` names requests the engine ended early (EOS or a stop string)."""
+        steps = plan.steps
+        result = BatchResult()
+        if plan.decodes:
+            self.decode_steps_total += steps
+            self.decode_busy_s_total += duration_s
+            self.last_token_interval_s = duration_s / steps
+        for request in plan.decodes:
+            request.generated_tokens += steps
+            self.running_tokens += steps
+            if request.generated_tokens >= request.output_tokens or \
+                    request.request_id in stopped:
+                self._finish(request, result)
+        for request, tokens in plan.chunks:
+            self._advance_prefill(request, tokens, stopped, result)
+        return result
+
+    def _advance_prefill(self, request: Request, tokens: int, stopped: frozenset[int],
+                         result: BatchResult) -> None:
+        before = attn_units(request.prefill_target_tokens - request.prefilled_tokens,
+                            request.prefilled_tokens)
+        request.prefilled_tokens += tokens
+        remaining = request.prefill_target_tokens - request.prefilled_tokens
+        self.prefill_queue_tokens -= tokens
+        self.prefill_queue_attn_units -= before - attn_units(remaining, request.prefilled_tokens)
+        if remaining:
+            return
+        del self.prefilling[request.request_id]
+        first = request.generated_tokens == 0
+        request.generated_tokens += 1  # the prefill's last position samples a token
+        if request.generated_tokens >= request.output_tokens or request.request_id in stopped:
+            self.free_blocks += request.kv_blocks
+            request.kv_blocks = 0
+            result.finished.append(request)
+        elif first:
+            self.held[request.request_id] = (request, request.kv_blocks)
+            request.kv_blocks = 0
+            result.prefilled.append(request)
+        else:  # recomputed after preemption: resume decoding here
+            self.running[request.request_id] = request
+            self.running_tokens += request.sequence_tokens
+
+    def _finish(self, request: Request, result: BatchResult) -> None:
+        del self.running[request.request_id]
+        self.running_tokens -= request.sequence_tokens
+        self.free_blocks += request.kv_blocks
+        request.kv_blocks = 0
+        result.finished.append(request)
+
+    # ---- preemption ----
+    def _newest_admitted(self) -> Request:
+        candidates = [*self.running.values(), *self.prefilling.values()]
+        return max(candidates, key=lambda r: r.admit_seq)
+
+    def _preempt(self, request: Request) -> None:
+        if request.request_id in self.running:
+            del self.running[request.request_id]
+            self.running_tokens -= request.sequence_tokens
+        else:
+            del self.prefilling[request.request_id]
+            self._remove_prefill_load(request)
+        self.free_blocks += request.kv_blocks
+        request.kv_blocks = 0
+        request.preemptions += 1
+        self.preemptions_total += 1
+        request.prefill_target_tokens = request.input_tokens + request.generated_tokens
+        request.prefilled_tokens = 0
+        self._add_prefill_load(request)
+        self.waiting.insert(0, request)
+
+    def _add_prefill_load(self, request: Request) -> None:
+        self.prefill_queue_tokens += request.prefill_target_tokens - request.prefilled_tokens
+        self.prefill_queue_attn_units += attn_units(
+            request.prefill_target_tokens - request.prefilled_tokens, request.prefilled_tokens)
+
+    def _remove_prefill_load(self, request: Request) -> None:
+        self.prefill_queue_tokens -= request.prefill_target_tokens - request.prefilled_tokens
+        self.prefill_queue_attn_units -= attn_units(
+            request.prefill_target_tokens - request.prefilled_tokens, request.prefilled_tokens)

@@ -1,0 +1,71 @@
+"""What policies may read about an instance.
+
+`InstanceLoad` is the read-only protocol every policy component is written against. In the
+simulator the simulated instance implements it directly (no copy per decision); in the live
+world the driver holds the latest `InstanceStats` snapshot each worker reported. Counters
+named `*_total` are cumulative, so a monitor can difference two snapshots for any window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+
+class InstanceLoad(Protocol):
+    @property
+    def instance_id(self) -> int: ...
+    @property
+    def prefill_queue_len(self) -> int: ...  # requests waiting for or in prefill
+    @property
+    def prefill_queue_tokens(self) -> int: ...  # prefill tokens still to compute
+    @property
+    def prefill_queue_attn_units(self) -> int: ...  # sum of n*(n + 2p) over remaining chunks
+    @property
+    def decode_queue_len(self) -> int: ...  # decodes waiting for KV transfer or to join
+    @property
+    def decode_queue_tokens(self) -> int: ...
+    @property
+    def running_decodes(self) -> int: ...
+    @property
+    def running_tokens(self) -> int: ...  # sum of sequence lengths of running decodes
+    @property
+    def used_blocks(self) -> int: ...
+    @property
+    def total_blocks(self) -> int: ...
+    @property
+    def preemptions_total(self) -> int: ...
+    @property
+    def decode_steps_total(self) -> int: ...
+    @property
+    def decode_busy_s_total(self) -> float: ...
+    @property
+    def last_token_interval_s(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStats:
+    """A snapshot of `InstanceLoad`, as a live worker reports it or a monitor logs it."""
+
+    instance_id: int
+    prefill_queue_len: int
+    prefill_queue_tokens: int
+    prefill_queue_attn_units: int
+    decode_queue_len: int
+    decode_queue_tokens: int
+    running_decodes: int
+    running_tokens: int
+    used_blocks: int
+    total_blocks: int
+    preemptions_total: int
+    decode_steps_total: int
+    decode_busy_s_total: float
+    last_token_interval_s: float
+
+    @classmethod
+    def of(cls, load: InstanceLoad) -> InstanceStats:
+        return cls(**{f.name: getattr(load, f.name) for f in fields(cls)})
+
+    @property
+    def memory_fraction(self) -> float:
+        return self.used_blocks / self.total_blocks if self.total_blocks else 0.0

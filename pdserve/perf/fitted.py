@@ -1,0 +1,130 @@
+"""The performance model the simulator and the policies use: a few fitted coefficients.
+
+  prefill batch    a_p + b_p * tokens + c_p * attn_units      attn_units = sum n*(n + 2p)
+  decode step      a_d + b_d * B + c_d * sum(context) (+ e_d when B == 1)
+  mixed batch      prefill part + decode part - min(a_p, a_d)  (one forward pass, one overhead)
+  KV transfer      calls * alpha + bytes / beta
+
+`attn_units` charges a chunk of n new tokens after p prior tokens for attention over its
+context, so a 2-chunk prefill costs the same attention as a 1-shot one. Coefficients come
+from `fit_*` in `pdserve.perf.fit` over profile samples: measured on the live engine
+(`pdserve profile`) or drawn from the roofline model for a preset (`pdserve.perf.presets`).
+
+Because a decode step is linear in the context and the context grows by B per step, the time
+of k steps is closed-form: k*A + c_d*B*k(k-1)/2 with A the first step's time. The simulator
+uses that to advance a batch over many steps at once (`span_time_s`, `steps_done_within`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillCoeffs:
+    intercept_s: float
+    per_token_s: float
+    per_attn_unit_s: float
+    r2: float = 1.0
+
+    def time_s(self, tokens: int, attn_units: int) -> float:
+        return self.intercept_s + self.per_token_s * tokens + self.per_attn_unit_s * attn_units
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeCoeffs:
+    intercept_s: float
+    per_seq_s: float
+    per_context_token_s: float
+    batch1_extra_s: float = 0.0
+    r2: float = 1.0
+
+    def step_s(self, batch_size: int, context_tokens: int) -> float:
+        extra = self.batch1_extra_s if batch_size == 1 else 0.0
+        return (self.intercept_s + extra + self.per_seq_s * batch_size
+                + self.per_context_token_s * context_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferCoeffs:
+    per_call_s: float
+    bytes_per_s: float
+    r2: float = 1.0
+
+    def time_s(self, num_bytes: int, calls: int = 1) -> float:
+        return calls * self.per_call_s + num_bytes / self.bytes_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class PerfModel:
+    name: str
+    prefill: PrefillCoeffs
+    decode: DecodeCoeffs
+    transfer: TransferCoeffs
+    kv_bytes_per_token: int
+    kv_capacity_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.kv_capacity_tokens <= 0:
+            raise ValueError(f"perf model {self.name!r}: kv_capacity_tokens must be positive "
+                             f"(the model does not fit in memory?), got {self.kv_capacity_tokens}")
+
+    def batch_time_s(self, batch_size: int, context_tokens: int, prefill_tokens: int,
+                     prefill_attn_units: int) -> float:
+        """Time of one step of a batch with `batch_size` decodes and the given prefill work."""
+        if not prefill_tokens:
+            return self.decode.step_s(batch_size, context_tokens)
+        prefill = self.prefill.time_s(prefill_tokens, prefill_attn_units)
+        if not batch_size:
+            return prefill
+        shared = min(self.prefill.intercept_s, self.decode.intercept_s)
+        return prefill + self.decode.step_s(batch_size, context_tokens) - shared
+
+    def span_time_s(self, batch_size: int, context_tokens: int, steps: int) -> float:
+        """Time of `steps` decode steps of a fixed batch whose context starts at
+        `context_tokens` and grows by `batch_size` each step."""
+        first = self.decode.step_s(batch_size, context_tokens)
+        growth = self.decode.per_context_token_s * batch_size
+        return steps * first + growth * steps * (steps - 1) / 2
+
+    def steps_done_within(self, batch_size: int, context_tokens: int, elapsed_s: float,
+                          max_steps: int) -> int:
+        """How many whole steps of such a span are done `elapsed_s` after it started."""
+        first = self.decode.step_s(batch_size, context_tokens)
+        growth = self.decode.per_context_token_s * batch_size
+        if growth > 0:  # solve growth/2 k^2 + (first - growth/2) k = elapsed
+            half = growth / 2
+            linear = first - half
+            estimate = (-linear + math.sqrt(linear * linear + 4 * half * elapsed_s)) / (2 * half)
+        else:
+            estimate = elapsed_s / first if first > 0 else max_steps
+        steps = max(0, min(max_steps, int(estimate)))
+        # exact against span_time_s, whatever the rounding of the estimate
+        while steps < max_steps and self.span_time_s(batch_size, context_tokens,
+                                                     steps + 1) <= elapsed_s:
+            steps += 1
+        while steps > 0 and self.span_time_s(batch_size, context_tokens, steps) > elapsed_s:
+            steps -= 1
+        return steps
+
+    def transfer_time_s(self, tokens: int, calls: int = 1) -> float:
+        return self.transfer.time_s(tokens * self.kv_bytes_per_token, calls)
+
+    # ---- files ----
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> PerfModel:
+        try:
+            raw = json.loads(Path(path).read_text())
+            return cls(name=raw["name"], prefill=PrefillCoeffs(**raw["prefill"]),
+                       decode=DecodeCoeffs(**raw["decode"]),
+                       transfer=TransferCoeffs(**raw["transfer"]),
+                       kv_bytes_per_token=int(raw["kv_bytes_per_token"]),
+                       kv_capacity_tokens=int(raw["kv_capacity_tokens"]))
+        except (KeyError, TypeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a pdserve performance model file ({err})") from err

@@ -1,0 +1,59 @@
+"""The papers' hardware setups as ready-made performance models.
+
+| model                       | gpu       | tp | paper                                  |
+|-----------------------------|-----------|----|----------------------------------------|
+| llama-3.1-8b                | h800      | 1  | Arrow (8 x H800, one GPU per instance) |
+| llama-3.1-8b                | a100      | 1  | FlowKV                                 |
+| llama-3.1-70b               | a100      | 4  | FlowKV (tp not stated, see below)      |
+| deepseek-r1-distill-qwen-7b | rtx-4090d | 1  | ARES (one 4090D per instance)          |
+| qwen2.5-14b                 | a100      | 1  | TaiChi                                 |
+| qwen2.5-32b                 | a100      | 2  | TaiChi (tp not stated, see below)      |
+| llama-3.1-70b               | h20       | 4  | AMPD (its planner also tries 2 and 8)  |
+| qwen3-32b                   | h20       | 2  | AMPD (its planner also tries 4 and 8)  |
+
+Where a paper does not state the degree, it is the smallest power of two that leaves room
+for KV after the weights (70B: 141 GB of weights; 32B: 65 GB).
+
+Any other model x gpu pair works too; its tp defaults to the smallest power of two whose
+weights take at most 60 % of the instance's memory.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.roofline import Roofline
+from pdserve.perf.specs import gpu_spec, model_spec
+
+PAPER_SETUPS: dict[tuple[str, str], int] = {
+    ("llama-3.1-8b", "h800"): 1,
+    ("llama-3.1-8b", "a100"): 1,
+    ("llama-3.1-70b", "a100"): 4,
+    ("deepseek-r1-distill-qwen-7b", "rtx-4090d"): 1,
+    ("qwen2.5-14b", "a100"): 1,
+    ("qwen2.5-32b", "a100"): 2,
+    ("llama-3.1-70b", "h20"): 4,
+    ("qwen3-32b", "h20"): 2,
+}
+
+
+def default_tp(model: str, gpu: str) -> int:
+    key = (model.lower(), gpu.lower())
+    if key in PAPER_SETUPS:
+        return PAPER_SETUPS[key]
+    weights, memory = model_spec(model).weight_bytes, gpu_spec(gpu).memory_gb * 1e9
+    tp = 1
+    while weights > 0.6 * tp * memory:
+        tp *= 2
+    return tp
+
+
+def roofline(model: str, gpu: str, tp: int | None = None) -> Roofline:
+    return Roofline(model_spec(model), gpu_spec(gpu), tp or default_tp(model, gpu))
+
+
+@lru_cache(maxsize=64)
+def perf_model(model: str, gpu: str, tp: int | None = None) -> PerfModel:
+    """The fitted model for a model x gpu x tp, from the roofline."""
+    return roofline(model, gpu, tp).to_perf_model()

@@ -1,0 +1,100 @@
+"""Model and GPU specifications for the roofline model, with where each number comes from.
+
+Model shapes are the `config.json` fields of the public Hugging Face checkpoints named in
+`source`. GPU figures are vendor datasheet numbers for dense (non-sparse) 16-bit tensor math.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    dtype_bytes: int = 2
+    tied_embeddings: bool = False
+    source: str = ""
+
+    @property
+    def layer_params(self) -> int:
+        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return attention + 3 * self.hidden * self.ffn  # q,o + k,v ; SwiGLU gate, up, down
+
+    @property
+    def params(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * self.layer_params + embeddings
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    name: str
+    tflops: float  # dense BF16/FP16 tensor TFLOP/s
+    hbm_gb_s: float
+    memory_gb: float
+    link_gb_s: float  # GPU-to-GPU bandwidth used for TP all-reduce and KV transfer
+    source: str = ""
+
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in [
+    ModelSpec("llama-3.1-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+              ffn=14336, vocab=128256, source="meta-llama/Llama-3.1-8B config.json"),
+    ModelSpec("llama-3.1-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
+              ffn=28672, vocab=128256, source="meta-llama/Llama-3.1-70B config.json"),
+    ModelSpec("deepseek-r1-distill-qwen-7b", layers=28, hidden=3584, heads=28, kv_heads=4,
+              head_dim=128, ffn=18944, vocab=152064,
+              source="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json"),
+    ModelSpec("qwen2.5-14b", layers=48, hidden=5120, heads=40, kv_heads=8, head_dim=128,
+              ffn=13824, vocab=152064, source="Qwen/Qwen2.5-14B config.json"),
+    ModelSpec("qwen2.5-32b", layers=64, hidden=5120, heads=40, kv_heads=8, head_dim=128,
+              ffn=27648, vocab=152064, source="Qwen/Qwen2.5-32B config.json"),
+    ModelSpec("qwen3-32b", layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128,
+              ffn=25600, vocab=151936, source="Qwen/Qwen3-32B config.json (head_dim 128 is "
+              "explicit there: 64 heads x 128 != hidden 5120)"),
+]}
+
+GPUS: dict[str, GpuSpec] = {g.name: g for g in [
+    GpuSpec("h800", tflops=989.4, hbm_gb_s=3350, memory_gb=80, link_gb_s=400,
+            source="H800 SXM5 has the H100 SXM5 compute and HBM3 (NVIDIA H100 datasheet: "
+            "989.4 dense BF16 TFLOP/s, 3.35 TB/s); NVLink 400 GB/s as stated in Arrow sec. 7.1"),
+    GpuSpec("a100", tflops=312, hbm_gb_s=2039, memory_gb=80, link_gb_s=600,
+            source="NVIDIA A100 80GB SXM4 datasheet: 312 dense BF16 TFLOP/s, 2,039 GB/s, "
+            "NVLink 600 GB/s"),
+    GpuSpec("h20", tflops=148, hbm_gb_s=4000, memory_gb=96, link_gb_s=900,
+            source="NVIDIA H20 product brief: 148 dense BF16 TFLOP/s, 96 GB HBM3 at 4.0 TB/s, "
+            "NVLink 900 GB/s"),
+    GpuSpec("rtx-4090d", tflops=147.1, hbm_gb_s=1008, memory_gb=24, link_gb_s=32,
+            source="Ada whitepaper: RTX 4090 165.2 dense FP16 tensor TFLOP/s with FP32 "
+            "accumulate on 128 SMs; the 4090D has 114 SMs at the same boost clock "
+            "(165.2*114/128); 24 GB GDDR6X at 1,008 GB/s; no NVLink, PCIe 4.0 x16 32 GB/s"),
+]}
+
+
+def model_spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    try:
+        return GPUS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown gpu {name!r}; known: {', '.join(sorted(GPUS))}") from None

@@ -1,0 +1,62 @@
+"""Interfaces of policy components and the `Policy` that composes them.
+
+A policy is one of each component (DESIGN.md, "Policies are compositions"):
+  PrefillRouter  which instance runs a request's prefill
+  DecodeRouter   where decode continues after prefill (in place or elsewhere)
+  RoleManager    the initial roles and any flips on a monitor tick
+  Rebalancer     moves of running decodes on a monitor tick
+  QueueOrder     order inside each instance's prefill queue (applied by the local scheduler)
+Components are pure: they read the `ClusterView` and the `RoleBoard`, keep their own small
+state, and never read a clock or do I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.roles import RoleBoard
+from pdserve.instance.queue_order import FCFSOrder, QueueOrder
+from pdserve.types import Request, Role
+
+
+class PrefillRouter(Protocol):
+    def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
+        """Instance id for `request`'s prefill, among `board.prefill_candidates`."""
+        ...
+
+
+class DecodeRouter(Protocol):
+    def route(self, request: Request, prefill_instance: int, view: ClusterView,
+              board: RoleBoard) -> int:
+        """Instance id where `request` decodes; `prefill_instance` means in place."""
+        ...
+
+
+class RoleManager(Protocol):
+    def initial_roles(self, num_instances: int) -> list[Role]: ...
+
+    def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]: ...
+
+
+class Rebalancer(Protocol):
+    def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]: ...
+
+
+class NoRebalancing:
+    """Running decodes stay where they are."""
+
+    def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]:
+        return []
+
+
+@dataclass
+class Policy:
+    name: str
+    prefill_router: PrefillRouter
+    decode_router: DecodeRouter
+    role_manager: RoleManager
+    rebalancer: Rebalancer = field(default_factory=NoRebalancing)
+    queue_order: Callable[[], QueueOrder] = FCFSOrder

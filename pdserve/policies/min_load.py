@@ -1,0 +1,54 @@
+"""Minimal-load routing: prefill to the shortest predicted queue, decode to the fewest tokens.
+
+Prefill: the instance whose queued prefill work has the smallest predicted time under the
+fitted prefill model, sum over queued requests of a + b*n + c*n*(n + 2p) (each request
+charged as its own batch); ties go to the instance with fewer decodes. This is the
+"Minimal Load" strategy of Arrow (section 7.3, Figure 8) and the least-loaded instance of a
+colocated (vLLM-like) cluster.
+Decode: the instance with the fewest running plus incoming decode tokens (Arrow Alg. 2's
+load measure, without its SLO check).
+"""
+
+from __future__ import annotations
+
+from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.roles import RoleBoard
+from pdserve.instance.stats import InstanceLoad
+from pdserve.perf.fitted import PrefillCoeffs
+from pdserve.types import Request
+
+
+def predicted_prefill_queue_s(load: InstanceLoad, prefill: PrefillCoeffs) -> float:
+    """Predicted time to run the prefill work queued on an instance."""
+    return (load.prefill_queue_len * prefill.intercept_s
+            + load.prefill_queue_tokens * prefill.per_token_s
+            + load.prefill_queue_attn_units * prefill.per_attn_unit_s)
+
+
+class MinLoadPrefillRouter:
+    def __init__(self, prefill: PrefillCoeffs) -> None:
+        self.prefill = prefill
+
+    def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
+        instances = view.instances
+        best, best_key = -1, (0.0, 0)
+        for i in board.prefill_candidates:
+            load = instances[i]
+            key = (predicted_prefill_queue_s(load, self.prefill),
+                   load.running_decodes + load.decode_queue_len)
+            if best < 0 or key < best_key:
+                best, best_key = i, key
+        return best
+
+
+class MinRunningTokensDecodeRouter:
+    def route(self, request: Request, prefill_instance: int, view: ClusterView,
+              board: RoleBoard) -> int:
+        instances = view.instances
+        best, best_tokens = -1, 0
+        for i in board.decode_candidates:
+            load = instances[i]
+            tokens = load.running_tokens + load.decode_queue_tokens
+            if best < 0 or tokens < best_tokens:
+                best, best_tokens = i, tokens
+        return best

@@ -1,0 +1,127 @@
+"""A simulated instance: the shared local scheduler plus a performance model for time.
+
+It runs one batch at a time. A decode-only batch may be planned over many steps (a span);
+when new work reaches the instance mid-span, `interrupt` cuts the span after the step in
+progress, which is exactly where a step-by-step run would first see that work. Between
+events, the load it shows policies (`InstanceLoad`) counts the steps of the span that have
+already finished, so policies read the same numbers in both modes.
+"""
+
+from __future__ import annotations
+
+from pdserve.cluster.messages import ClusterView
+from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
+from pdserve.perf.fitted import PerfModel
+
+
+class SimInstance:
+    def __init__(self, local: LocalScheduler, perf: PerfModel, view: ClusterView,
+                 max_span_steps: int) -> None:
+        self.local = local
+        self.perf = perf
+        self.view = view  # read for the current time only
+        self.max_span_steps = max_span_steps
+        self.plan: BatchPlan | None = None
+        self.start_s = 0.0
+        self.end_s = 0.0
+        self.version = 0  # bumps when the pending batch-done event is superseded
+
+    # ---- running batches ----
+    def start_batch(self, now_s: float) -> float | None:
+        """Plan and start the next batch; returns its end time, or None when idle."""
+        plan = self.local.plan(self.max_span_steps)
+        self.plan = plan
+        if plan is None:
+            return None
+        self.start_s = now_s
+        if plan.steps > 1:
+            duration = self.perf.span_time_s(len(plan.decodes), plan.decode_context_tokens,
+                                             plan.steps)
+        else:
+            duration = self.perf.batch_time_s(len(plan.decodes), plan.decode_context_tokens,
+                                              plan.prefill_tokens, plan.prefill_attn_units)
+        self.end_s = now_s + duration
+        self.version += 1
+        return self.end_s
+
+    def _steps_done(self, plan: BatchPlan) -> int:
+        return self.perf.steps_done_within(len(plan.decodes), plan.decode_context_tokens,
+                                           self.view.now_s - self.start_s, plan.steps)
+
+    def interrupt(self, now_s: float) -> float | None:
+        """Cut a running span after its step in progress; returns the new end time if it
+        changed (the caller schedules it), else None."""
+        plan = self.plan
+        if plan is None or plan.steps == 1:
+            return None
+        started = self._steps_done(plan) + 1
+        if started >= plan.steps:
+            return None
+        self.local.shrink_span(plan, started)
+        self.end_s = self.start_s + self.perf.span_time_s(len(plan.decodes),
+                                                          plan.decode_context_tokens, started)
+        self.version += 1
+        return self.end_s
+
+    # ---- InstanceLoad ----
+    @property
+    def instance_id(self) -> int:
+        return self.local.instance_id
+
+    @property
+    def prefill_queue_len(self) -> int:
+        return self.local.prefill_queue_len
+
+    @property
+    def prefill_queue_tokens(self) -> int:
+        return self.local.prefill_queue_tokens
+
+    @property
+    def prefill_queue_attn_units(self) -> int:
+        return self.local.prefill_queue_attn_units
+
+    @property
+    def decode_queue_len(self) -> int:
+        return self.local.decode_queue_len
+
+    @property
+    def decode_queue_tokens(self) -> int:
+        return self.local.decode_queue_tokens
+
+    @property
+    def running_decodes(self) -> int:
+        return len(self.local.running)
+
+    @property
+    def running_tokens(self) -> int:
+        plan = self.plan
+        if plan is None or plan.steps == 1:
+            return self.local.running_tokens
+        return self.local.running_tokens + len(plan.decodes) * self._steps_done(plan)
+
+    @property
+    def used_blocks(self) -> int:
+        plan = self.plan
+        if plan is None or plan.steps == 1:
+            return self.local.used_blocks
+        return self.local.blocks_after(plan, min(self._steps_done(plan) + 1, plan.steps))
+
+    @property
+    def total_blocks(self) -> int:
+        return self.local.total_blocks
+
+    @property
+    def preemptions_total(self) -> int:
+        return self.local.preemptions_total
+
+    @property
+    def decode_steps_total(self) -> int:
+        return self.local.decode_steps_total
+
+    @property
+    def decode_busy_s_total(self) -> float:
+        return self.local.decode_busy_s_total
+
+    @property
+    def last_token_interval_s(self) -> float:
+        return self.local.last_token_interval_s

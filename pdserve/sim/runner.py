@@ -1,0 +1,82 @@
+"""From a `SimConfig` to results: the workload, the performance model, the policy, a run.
+
+`Experiment` holds what does not change between runs (workload, performance model) so a
+goodput search re-runs only the simulation at each rate scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdserve.bench.goodput import GoodputPoint, GoodputResult, search_goodput
+from pdserve.bench.metrics import Summary, summarize
+from pdserve.bench.synthetic import synthetic_workload
+from pdserve.bench.traces import load_trace
+from pdserve.bench.workload import Workload
+from pdserve.config import SimConfig
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.presets import perf_model
+from pdserve.policies.presets import build_policy
+from pdserve.sim.simulator import SimResult, SimSettings, Simulator
+from pdserve.types import SLO
+
+
+def load_workload(config: SimConfig) -> Workload:
+    if config.trace == "synthetic":
+        workload = synthetic_workload(config.synthetic_requests, config.synthetic_rate_rps,
+                                      config.synthetic_lengths, config.synthetic_arrival,
+                                      config.synthetic_cv, config.seed)
+    else:
+        workload = load_trace(config.trace)
+    if config.start_s or config.duration_s is not None:
+        workload = workload.window(config.start_s, config.duration_s)
+    if config.max_requests is not None:
+        workload = workload.head(config.max_requests)
+    if len(workload) == 0:
+        raise ValueError(f"the workload {config.trace!r} has no requests in the chosen window "
+                         f"(start_s={config.start_s}, duration_s={config.duration_s})")
+    return workload
+
+
+def load_perf_model(config: SimConfig) -> PerfModel:
+    if config.perf_model:
+        return PerfModel.load(config.perf_model)
+    return perf_model(config.model, config.gpu, config.tp or None)
+
+
+@dataclass
+class Experiment:
+    config: SimConfig
+    workload: Workload
+    perf: PerfModel
+
+    @classmethod
+    def from_config(cls, config: SimConfig) -> Experiment:
+        return cls(config, load_workload(config), load_perf_model(config))
+
+    @property
+    def slo(self) -> SLO:
+        return SLO(self.config.ttft_slo_s, self.config.tpot_slo_s)
+
+    def simulate(self, rate_scale: float | None = None, max_span_steps: int = 1 << 20,
+                 on_progress: Callable[[int], None] | None = None) -> SimResult:
+        """One run at `rate_scale` (the config's by default)."""
+        config = self.config
+        policy, count = build_policy(config.policy, self.perf, instances=config.instances,
+                                     prefill=config.prefill, decode=config.decode,
+                                     prefill_router=config.prefill_router,
+                                     decode_router=config.decode_router)
+        settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
+                               config.transfer_calls, config.monitor_interval_s, max_span_steps)
+        workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
+        return Simulator(policy, count, self.perf, settings).run(workload.requests(),
+                                                                 on_progress)
+
+    def summarize(self, result: SimResult) -> Summary:
+        return summarize(result.requests, self.slo)
+
+    def goodput(self, on_point: Callable[[GoodputPoint], None] | None = None) -> GoodputResult:
+        return search_goodput(lambda scale: self.summarize(self.simulate(scale)),
+                              self.workload.mean_rate_rps, self.config.goodput_target,
+                              self.config.goodput_tolerance, on_point=on_point)

@@ -1,0 +1,101 @@
+"""Plain data shared by every part of pdserve: requests, SLOs and instance roles.
+
+A `Request` carries both what the workload says (arrival, lengths) and what happened to
+it (tokens generated, timestamps, where it ran). The simulated and the live world fill the
+same fields, and `pdserve.bench.metrics` scores both from them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+KV_BLOCK_TOKENS = 16
+"""Tokens per KV block, as in vLLM; memory is accounted in whole blocks."""
+
+
+def blocks_for(tokens: int) -> int:
+    """Number of KV blocks that hold `tokens` tokens."""
+    return -(-tokens // KV_BLOCK_TOKENS)
+
+
+def attn_units(new_tokens: int, prior_tokens: int) -> int:
+    """Attention work of a chunk of `new_tokens` after `prior_tokens`, in units of n^2.
+
+    Chunks add up: attn_units(a, p) + attn_units(b, p + a) == attn_units(a + b, p)."""
+    return new_tokens * (new_tokens + 2 * prior_tokens)
+
+
+class Role(enum.Enum):
+    """What an instance does. Arrow's transitional pools are added by the Arrow policy."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MIXED = "mixed"  # colocated: both phases, chunked prefill next to decodes
+
+    @property
+    def takes_prefill(self) -> bool:
+        return self is not Role.DECODE
+
+    @property
+    def takes_decode(self) -> bool:
+        return self is not Role.PREFILL
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency targets; a request attains its SLO when both are met."""
+
+    ttft_s: float
+    tpot_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_s > 0 and self.tpot_s > 0):
+            raise ValueError(f"SLO targets must be positive, got ttft_s={self.ttft_s}, "
+                             f"tpot_s={self.tpot_s}")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request and its life so far.
+
+    `output_tokens` is the number of tokens to generate: the trace's length in simulation,
+    `max_tokens` in the live world (where a stop condition may end it earlier).
+    `generated_tokens` counts tokens produced so far; the sequence held in KV after a step is
+    `input_tokens + generated_tokens` long.
+    """
+
+    request_id: int
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    session_id: int = -1
+    round_index: int = 0
+    hash_ids: tuple[int, ...] = ()
+    # --- progress, written by the local scheduler ---
+    generated_tokens: int = 0
+    prefill_target_tokens: int = 0  # tokens the current (re)prefill must compute
+    prefilled_tokens: int = 0  # of those, already computed
+    kv_blocks: int = 0  # blocks held on the instance that currently owns the request
+    admit_seq: int = 0  # admission order on its instance (newest is preempted first)
+    preemptions: int = 0
+    # --- outcome, written by the driver ---
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    prefill_instance: int = -1
+    decode_instance: int = -1
+    rejected_reason: str = ""
+    transfer_s: float = 0.0  # time spent moving KV between instances
+
+    @property
+    def sequence_tokens(self) -> int:
+        return self.input_tokens + self.generated_tokens
+
+    @property
+    def remaining_output_tokens(self) -> int:
+        return self.output_tokens - self.generated_tokens
+
+    @property
+    def finished(self) -> bool:
+        return not math.isnan(self.finish_s)
