@@ -77,7 +77,6 @@ class LocalScheduler:
         self.preemptions_total = 0
         self.decode_steps_total = 0
         self.decode_busy_s_total = 0.0
-        self.last_token_interval_s = 0.0
 
     # ---- InstanceLoad ----
     @property
@@ -153,15 +152,18 @@ class LocalScheduler:
         self._grow_decodes()
         decodes = list(self.running.values())
         # a step that had to preempt admits no new prefill (vLLM does the same)
-        chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes),
-                                   admit_waiting=self.preemptions_total == preemptions_before)
+        admit_waiting = self.preemptions_total == preemptions_before
+        chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes), admit_waiting)
         if not decodes and not chunks:
             return None
         plan = BatchPlan(decodes, chunks, decode_context_tokens=self.running_tokens)
         for request, tokens in chunks:
             plan.prefill_tokens += tokens
             plan.prefill_attn_units += attn_units(tokens, request.prefilled_tokens)
-        if not chunks and max_steps > 1:
+        # Several steps at once only when no later step could differ: no prefill ran, and
+        # waiting prefills were tried and blocked by memory (which only shrinks while the
+        # decodes grow), the token budget or the batch cap (both fixed while nothing ends).
+        if not chunks and max_steps > 1 and (admit_waiting or not self.waiting):
             plan.steps = self._reserve_span(decodes, max_steps)
         return plan
 
@@ -291,7 +293,6 @@ class LocalScheduler:
         if plan.decodes:
             self.decode_steps_total += steps
             self.decode_busy_s_total += duration_s
-            self.last_token_interval_s = duration_s / steps
         for request in plan.decodes:
             request.generated_tokens += steps
             self.running_tokens += steps

@@ -3,7 +3,8 @@
 `InstanceLoad` is the read-only protocol every policy component is written against. In the
 simulator the simulated instance implements it directly (no copy per decision); in the live
 world the driver holds the latest `InstanceStats` snapshot each worker reported. Counters
-named `*_total` are cumulative, so a monitor can difference two snapshots for any window.
+named `*_total` are cumulative, so a monitor can difference two snapshots for any window:
+`mean_token_interval_s` gives an instance's recent token interval that way.
 """
 
 from __future__ import annotations
@@ -38,9 +39,7 @@ class InstanceLoad(Protocol):
     @property
     def decode_steps_total(self) -> int: ...
     @property
-    def decode_busy_s_total(self) -> float: ...
-    @property
-    def last_token_interval_s(self) -> float: ...
+    def decode_busy_s_total(self) -> float: ...  # time spent in batches with decodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +59,6 @@ class InstanceStats:
     preemptions_total: int
     decode_steps_total: int
     decode_busy_s_total: float
-    last_token_interval_s: float
 
     @classmethod
     def of(cls, load: InstanceLoad) -> InstanceStats:
@@ -69,3 +67,10 @@ class InstanceStats:
     @property
     def memory_fraction(self) -> float:
         return self.used_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+def mean_token_interval_s(before: InstanceStats, after: InstanceStats) -> float:
+    """Mean time between decode tokens on an instance over the window between two snapshots
+    (0 when it ran no decode step in the window)."""
+    steps = after.decode_steps_total - before.decode_steps_total
+    return (after.decode_busy_s_total - before.decode_busy_s_total) / steps if steps else 0.0

@@ -116,12 +116,15 @@ class SimInstance:
 
     @property
     def decode_steps_total(self) -> int:
-        return self.local.decode_steps_total
+        plan = self.plan
+        if plan is None or plan.steps == 1:
+            return self.local.decode_steps_total
+        return self.local.decode_steps_total + self._steps_done(plan)
 
     @property
     def decode_busy_s_total(self) -> float:
-        return self.local.decode_busy_s_total
-
-    @property
-    def last_token_interval_s(self) -> float:
-        return self.local.last_token_interval_s
+        plan = self.plan
+        if plan is None or plan.steps == 1:
+            return self.local.decode_busy_s_total
+        return self.local.decode_busy_s_total + self.perf.span_time_s(
+            len(plan.decodes), plan.decode_context_tokens, self._steps_done(plan))

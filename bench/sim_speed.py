@@ -1,0 +1,61 @@
+"""Simulator speed: simulated requests per wall-second on the full azure-conv trace.
+
+Setup: 19,366 requests, 8 instances, static-pd (4P4D), Llama-3.1-8B on H800. The timed span
+starts before pdserve is imported (cold start: imports, trace load, perf-model fit, policy
+and cluster build, simulation). The same run with decode fast-advance off (step by step) is
+timed side by side, and the two must agree on every request.
+
+    python bench/sim_speed.py            # both modes
+    python bench/sim_speed.py --fast-only
+"""
+
+from __future__ import annotations
+
+import time
+
+started = time.perf_counter()
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+
+from pdserve.config import SimConfig  # noqa: E402
+from pdserve.sim.runner import Experiment  # noqa: E402
+
+CONFIG = SimConfig(trace="azure-conv", policy="static-pd", prefill=4, decode=4,
+                   model="llama-3.1-8b", gpu="h800")
+
+
+def timed_run(max_span_steps: int) -> tuple[float, list]:
+    begin = time.perf_counter()
+    experiment = Experiment.from_config(CONFIG)
+    result = experiment.simulate(max_span_steps=max_span_steps)
+    return time.perf_counter() - begin, result.requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fast-only", action="store_true", help="skip the step-by-step run")
+    args = parser.parse_args()
+    experiment = Experiment.from_config(CONFIG)
+    result = experiment.simulate()
+    cold_s = time.perf_counter() - started
+    count = len(result.requests)
+    print(f"machine: {platform.processor() or platform.machine()}, python "
+          f"{platform.python_version()}")
+    print(f"azure-conv, {count} requests, 8 instances static-pd (4P4D), llama-3.1-8b@h800")
+    print(f"fast-advance, cold start included: {cold_s:.2f} s -> {count / cold_s:,.0f} req/s "
+          f"({result.events:,} events)")
+    warm_s, fast_requests = timed_run(1 << 20)
+    print(f"fast-advance, warm (trace + fit + run): {warm_s:.2f} s -> {count / warm_s:,.0f} req/s")
+    if args.fast_only:
+        return
+    step_s, step_requests = timed_run(1)
+    agree = all(abs(a.finish_s - b.finish_s) <= 1e-9 * max(1.0, a.finish_s)
+                for a, b in zip(fast_requests, step_requests, strict=True))
+    print(f"step-by-step, warm: {step_s:.2f} s -> {count / step_s:,.0f} req/s")
+    print(f"fast-advance speedup over step-by-step: {step_s / warm_s:.1f}x "
+          f"(finish times agree: {agree})")
+
+
+if __name__ == "__main__":
+    main()

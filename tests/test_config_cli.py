@@ -1,0 +1,71 @@
+"""Config validation and the `pdserve simulate` command."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from pdserve.cli import main
+from pdserve.config import SimConfig
+
+
+def test_unknown_field_is_named_with_a_suggestion():
+    with pytest.raises(ValueError, match="unknown field 'ttft_slo' \\(did you mean 'ttft_slo_s'"):
+        SimConfig.from_dict({"ttft_slo": 2})
+
+
+def test_wrong_type_and_bad_value_name_the_field():
+    with pytest.raises(ValueError, match="field 'prefill' must be int, got 'four'"):
+        SimConfig.from_dict({"prefill": "four"})
+    with pytest.raises(ValueError, match="'tpot_slo_s' must be positive"):
+        SimConfig.from_dict({"tpot_slo_s": 0})
+    with pytest.raises(ValueError, match="field 'goodput' must be bool"):
+        SimConfig.from_dict({"goodput": 1})
+    assert SimConfig.from_dict({"ttft_slo_s": 3}).ttft_slo_s == 3.0  # int is a fine float
+
+
+def test_yaml_config_composes_a_preset_with_another_router(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("policy: static-pd\nprefill_router: round-robin\nprefill: 2\ndecode: 6\n")
+    config = SimConfig.from_yaml(path)
+    assert (config.policy, config.prefill_router, config.prefill, config.decode) == \
+        ("static-pd", "round-robin", 2, 6)
+    path.write_text("- a list\n")
+    with pytest.raises(ValueError, match="must be a mapping"):
+        SimConfig.from_yaml(path)
+
+
+def test_simulate_writes_report_json_csv_and_plots(tmp_path, capsys):
+    out = tmp_path / "results"
+    code = main(["simulate", "--trace", "azure-code", "--duration", "120", "--policy",
+                 "static-pd", "--prefill", "2", "--decode", "2", "--ttft-slo", "3",
+                 "--tpot-slo", "0.1", "--goodput", "--no-progress", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "SLO attainment" in printed and "goodput: rate scale" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["ttft_slo_s"] == 3.0
+    assert summary["goodput"]["rate_scale"] > 0
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    assert len(rows) == summary["summary"]["requests"] > 50
+    for name in ("latency_cdf.png", "instance_load.png", "attainment_vs_rate.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulate_with_a_config_file_and_flag_override(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("trace: synthetic\nsynthetic_requests: 50\npolicy: colocated\n"
+                    "instances: 2\n")
+    assert main(["simulate", "--config", str(path), "--instances", "3", "--no-progress"]) == 0
+    assert "requests 50  completed 50" in capsys.readouterr().out
+
+
+def test_bad_input_exits_2_with_a_clear_message(capsys):
+    assert main(["simulate", "--trace", "nope", "--no-progress"]) == 2
+    assert "pdserve: error: trace 'nope' is neither" in capsys.readouterr().err
+    assert main(["simulate", "--model", "gpt-9", "--no-progress"]) == 2
+    assert "unknown model 'gpt-9'" in capsys.readouterr().err
+    assert main(["simulate", "--trace", "azure-conv", "--start", "99999", "--no-progress"]) == 2
+    assert "no requests in the chosen window" in capsys.readouterr().err

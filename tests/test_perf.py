@@ -1,0 +1,110 @@
+"""Performance models: fits recover known coefficients; roofline numbers; closed-form spans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.presets import PAPER_SETUPS, default_tp, perf_model, roofline
+from pdserve.perf.specs import model_spec
+from pdserve.types import attn_units
+
+
+def test_prefill_fit_recovers_coefficients_with_prior_context():
+    a, b, c = 0.012, 3e-5, 4e-9
+    samples = [(n, p, a + b * n + c * attn_units(n, p))
+               for n in (32, 128, 512, 2048, 4096) for p in (0, 512, 4096)]
+    fit = fit_prefill(samples)
+    assert fit.intercept_s == pytest.approx(a, rel=1e-6)
+    assert fit.per_token_s == pytest.approx(b, rel=1e-6)
+    assert fit.per_attn_unit_s == pytest.approx(c, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0)
+
+
+def test_decode_fit_recovers_coefficients_and_batch1_term():
+    a, b, c, e = 0.007, 2e-4, 3e-7, 0.0015
+    samples = [(bs, ctx, a + b * bs + c * ctx + (e if bs == 1 else 0.0))
+               for bs in (1, 2, 8, 32, 128) for ctx in (bs * 100, bs * 1000, bs * 3000)]
+    fit = fit_decode(samples)
+    assert (fit.intercept_s, fit.per_seq_s, fit.per_context_token_s, fit.batch1_extra_s) == \
+        pytest.approx((a, b, c, e), rel=1e-6)
+
+
+def test_fits_report_r2_below_one_on_noisy_samples():
+    rng = np.random.default_rng(0)
+    samples = [(bs, ctx, 0.01 + 1e-4 * bs + 2e-7 * ctx + rng.normal(0, 5e-4))
+               for bs in (1, 4, 16, 64) for ctx in (1000, 8000, 32000)]
+    fit = fit_decode(samples)
+    assert 0.9 < fit.r2 < 1.0
+    assert fit.per_seq_s == pytest.approx(1e-4, rel=0.3)
+
+
+def test_transfer_fit_recovers_alpha_and_bandwidth():
+    alpha, beta = 2e-4, 25e9
+    samples = [(size, calls, calls * alpha + size / beta)
+               for size in (1e6, 1e8, 1e9) for calls in (1, 10, 100)]
+    fit = fit_transfer(samples)
+    assert fit.per_call_s == pytest.approx(alpha, rel=1e-6)
+    assert fit.bytes_per_s == pytest.approx(beta, rel=1e-6)
+
+
+def test_fit_rejects_too_few_samples():
+    with pytest.raises(ValueError, match="at least 3 prefill samples"):
+        fit_prefill([(10, 0, 0.1)])
+
+
+def test_span_time_equals_sum_of_steps_and_steps_done_inverts_it(perf: PerfModel):
+    batch, context = 7, 9000
+    steps = [perf.decode.step_s(batch, context + batch * j) for j in range(500)]
+    assert perf.span_time_s(batch, context, 500) == pytest.approx(sum(steps), rel=1e-12)
+    elapsed = np.cumsum(steps)
+    for k in (0, 1, 37, 499):
+        just_after = elapsed[k] + 1e-9
+        assert perf.steps_done_within(batch, context, just_after, 500) == k + 1
+        assert perf.steps_done_within(batch, context, elapsed[k] - 1e-9, 500) == k
+    assert perf.steps_done_within(batch, context, 1e9, 500) == 500
+
+
+def test_llama_8b_spec_matches_its_published_size():
+    spec = model_spec("llama-3.1-8b")
+    assert spec.params == pytest.approx(8.03e9, rel=0.01)
+    assert spec.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2  # 128 KiB
+
+
+def test_roofline_capacity_and_regimes():
+    model = roofline("llama-3.1-8b", "h800")
+    # 80 GB * 0.9 - 16 GB of weights, over 128 KiB per token
+    assert model.kv_capacity_tokens == pytest.approx((72e9 - 16.06e9) / 131072, rel=0.01)
+    # decode is memory bound: batch 1 and batch 8 cost about the same
+    assert model.decode_step_s(8, 8000) / model.decode_step_s(1, 1000) < 1.1
+    # prefill is compute bound: 4x the tokens costs about 4x
+    assert 3.5 < model.prefill_s(8192) / model.prefill_s(2048) < 4.5
+    tp2 = roofline("llama-3.1-70b", "a100", 2)
+    tp4 = roofline("llama-3.1-70b", "a100", 4)
+    assert tp4.prefill_s(4096) < tp2.prefill_s(4096)
+
+
+@pytest.mark.parametrize(("model", "gpu"), list(PAPER_SETUPS))
+def test_every_paper_setup_builds_a_good_fit(model: str, gpu: str):
+    fitted = perf_model(model, gpu)
+    assert fitted.kv_capacity_tokens > 50_000
+    assert fitted.prefill.r2 > 0.99 and fitted.decode.r2 > 0.85
+
+
+def test_unknown_names_and_bad_tp_are_clear():
+    with pytest.raises(ValueError, match="unknown model 'gpt-5'"):
+        perf_model("gpt-5", "h800")
+    with pytest.raises(ValueError, match="tp=3 does not divide"):
+        roofline("llama-3.1-8b", "h800", 3)
+    assert default_tp("llama-3.1-70b", "h800") == 4  # not a paper setup: 141 GB of weights
+
+
+def test_perf_model_round_trips_through_a_file(tmp_path, perf: PerfModel):
+    path = tmp_path / "model.json"
+    perf.save(path)
+    assert PerfModel.load(path) == perf
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a pdserve performance model"):
+        PerfModel.load(tmp_path / "bad.json")
