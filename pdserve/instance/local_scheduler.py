@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from pdserve.instance.prefill_queue import PrefillQueue
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
@@ -60,9 +61,7 @@ class LocalScheduler:
         self.free_blocks = total_blocks
         self.chunk_size_tokens = chunk_size_tokens
         self.max_batch_size = max_batch_size
-        self.queue_order: QueueOrder = queue_order or FCFSOrder()
-        self.waiting: list[Request] = []
-        self.prefilling: dict[int, Request] = {}
+        self.prefills = PrefillQueue(queue_order or FCFSOrder())
         self.running: dict[int, Request] = {}
         self.ready: deque[Request] = deque()
         self.transfer_queue: deque[Request] = deque()
@@ -70,8 +69,6 @@ class LocalScheduler:
         self.held: dict[int, tuple[Request, int]] = {}  # prefilled here, awaiting hand-off
         self._admit_counter = 0
         # load counters, kept incrementally so reading them is O(1)
-        self.prefill_queue_tokens = 0
-        self.prefill_queue_attn_units = 0
         self.decode_queue_tokens = 0
         self.running_tokens = 0
         self.preemptions_total = 0
@@ -81,7 +78,15 @@ class LocalScheduler:
     # ---- InstanceLoad ----
     @property
     def prefill_queue_len(self) -> int:
-        return len(self.waiting) + len(self.prefilling)
+        return len(self.prefills)
+
+    @property
+    def prefill_queue_tokens(self) -> int:
+        return self.prefills.tokens
+
+    @property
+    def prefill_queue_attn_units(self) -> int:
+        return self.prefills.attn_units
 
     @property
     def decode_queue_len(self) -> int:
@@ -95,16 +100,9 @@ class LocalScheduler:
     def used_blocks(self) -> int:
         return self.total_blocks - self.free_blocks
 
-    @property
-    def has_work(self) -> bool:
-        return bool(self.running or self.prefilling or self.waiting or self.ready)
-
     # ---- work coming in ----
     def enqueue_prefill(self, request: Request) -> None:
-        request.prefill_target_tokens = request.input_tokens + request.generated_tokens
-        request.prefilled_tokens = 0
-        self._add_prefill_load(request)
-        self.queue_order.insert(self.waiting, request)
+        self.prefills.push(request)
 
     def continue_in_place(self, request: Request) -> None:
         """Decode a request here whose prefill this instance just finished."""
@@ -163,12 +161,12 @@ class LocalScheduler:
         # Several steps at once only when no later step could differ: no prefill ran, and
         # waiting prefills were tried and blocked by memory (which only shrinks while the
         # decodes grow), the token budget or the batch cap (both fixed while nothing ends).
-        if not chunks and max_steps > 1 and (admit_waiting or not self.waiting):
+        if not chunks and max_steps > 1 and (admit_waiting or not self.prefills.waiting):
             plan.steps = self._reserve_span(decodes, max_steps)
         return plan
 
     def _join_ready(self) -> None:
-        while self.ready and len(self.running) + len(self.prefilling) < self.max_batch_size:
+        while self.ready and len(self.running) + len(self.prefills.active) < self.max_batch_size:
             request = self.ready.popleft()
             self.decode_queue_tokens -= request.sequence_tokens
             self._admit_counter += 1
@@ -202,7 +200,8 @@ class LocalScheduler:
 
     def _plan_chunks(self, budget_tokens: int, admit_waiting: bool) -> list[tuple[Request, int]]:
         chunks: list[tuple[Request, int]] = []
-        for request in self.prefilling.values():
+        prefills = self.prefills
+        for request in prefills.active.values():
             if budget_tokens <= 0:
                 return chunks
             tokens = self._allocate_chunk(request, budget_tokens)
@@ -210,16 +209,14 @@ class LocalScheduler:
                 return chunks  # out of memory: later prefills wait too (FCFS)
             chunks.append((request, tokens))
             budget_tokens -= tokens
-        while (admit_waiting and budget_tokens > 0 and self.waiting
-               and len(self.running) + len(self.prefilling) < self.max_batch_size):
-            request = self.waiting[0]
-            tokens = self._allocate_chunk(request, budget_tokens)
+        while (admit_waiting and budget_tokens > 0 and prefills.waiting
+               and len(self.running) + len(prefills.active) < self.max_batch_size):
+            tokens = self._allocate_chunk(prefills.waiting[0], budget_tokens)
             if tokens == 0:
                 break
-            self.waiting.pop(0)
+            request = prefills.admit_head()
             self._admit_counter += 1
             request.admit_seq = self._admit_counter
-            self.prefilling[request.request_id] = request
             chunks.append((request, tokens))
             budget_tokens -= tokens
         return chunks
@@ -305,15 +302,8 @@ class LocalScheduler:
 
     def _advance_prefill(self, request: Request, tokens: int, stopped: frozenset[int],
                          result: BatchResult) -> None:
-        before = attn_units(request.prefill_target_tokens - request.prefilled_tokens,
-                            request.prefilled_tokens)
-        request.prefilled_tokens += tokens
-        remaining = request.prefill_target_tokens - request.prefilled_tokens
-        self.prefill_queue_tokens -= tokens
-        self.prefill_queue_attn_units -= before - attn_units(remaining, request.prefilled_tokens)
-        if remaining:
+        if not self.prefills.advance(request, tokens):
             return
-        del self.prefilling[request.request_id]
         first = request.generated_tokens == 0
         request.generated_tokens += 1  # the prefill's last position samples a token
         if request.generated_tokens >= request.output_tokens or request.request_id in stopped:
@@ -337,7 +327,7 @@ class LocalScheduler:
 
     # ---- preemption ----
     def _newest_admitted(self) -> Request:
-        candidates = [*self.running.values(), *self.prefilling.values()]
+        candidates = [*self.running.values(), *self.prefills.active.values()]
         return max(candidates, key=lambda r: r.admit_seq)
 
     def _preempt(self, request: Request) -> None:
@@ -345,23 +335,9 @@ class LocalScheduler:
             del self.running[request.request_id]
             self.running_tokens -= request.sequence_tokens
         else:
-            del self.prefilling[request.request_id]
-            self._remove_prefill_load(request)
+            self.prefills.drop(request)
         self.free_blocks += request.kv_blocks
         request.kv_blocks = 0
         request.preemptions += 1
         self.preemptions_total += 1
-        request.prefill_target_tokens = request.input_tokens + request.generated_tokens
-        request.prefilled_tokens = 0
-        self._add_prefill_load(request)
-        self.waiting.insert(0, request)
-
-    def _add_prefill_load(self, request: Request) -> None:
-        self.prefill_queue_tokens += request.prefill_target_tokens - request.prefilled_tokens
-        self.prefill_queue_attn_units += attn_units(
-            request.prefill_target_tokens - request.prefilled_tokens, request.prefilled_tokens)
-
-    def _remove_prefill_load(self, request: Request) -> None:
-        self.prefill_queue_tokens -= request.prefill_target_tokens - request.prefilled_tokens
-        self.prefill_queue_attn_units -= attn_units(
-            request.prefill_target_tokens - request.prefilled_tokens, request.prefilled_tokens)
+        self.prefills.push_front(request)

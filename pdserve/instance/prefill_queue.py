@@ -1,0 +1,67 @@
+"""An instance's prefill work: waiting requests and admitted, partially computed ones.
+
+Waiting requests are kept in the order the `QueueOrder` hook gives (preempted requests go
+back to the front, as in vLLM); admitted ones are computed chunk by chunk in admission order.
+The queue keeps the load figures policies read, incrementally, so reading them is O(1):
+remaining tokens and remaining attention work (sum of n*(n + 2p) over what is left).
+"""
+
+from __future__ import annotations
+
+from pdserve.instance.queue_order import QueueOrder
+from pdserve.types import Request, attn_units
+
+
+def _remaining_units(request: Request) -> int:
+    return attn_units(request.prefill_target_tokens - request.prefilled_tokens,
+                      request.prefilled_tokens)
+
+
+class PrefillQueue:
+    def __init__(self, order: QueueOrder) -> None:
+        self.order = order
+        self.waiting: list[Request] = []
+        self.active: dict[int, Request] = {}  # admitted, holding KV blocks
+        self.tokens = 0
+        self.attn_units = 0
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.active)
+
+    def push(self, request: Request) -> None:
+        """Queue a request to (re)compute all its tokens; behind the others, per the order."""
+        self._reset(request)
+        self.order.insert(self.waiting, request)
+
+    def push_front(self, request: Request) -> None:
+        """Queue a preempted request ahead of every waiting one."""
+        self._reset(request)
+        self.waiting.insert(0, request)
+
+    def _reset(self, request: Request) -> None:
+        request.prefill_target_tokens = request.input_tokens + request.generated_tokens
+        request.prefilled_tokens = 0
+        self.tokens += request.prefill_target_tokens
+        self.attn_units += attn_units(request.prefill_target_tokens, 0)
+
+    def admit_head(self) -> Request:
+        request = self.waiting.pop(0)
+        self.active[request.request_id] = request
+        return request
+
+    def advance(self, request: Request, tokens: int) -> bool:
+        """Count a computed chunk; True when the request's prefill is complete."""
+        before = _remaining_units(request)
+        request.prefilled_tokens += tokens
+        self.tokens -= tokens
+        self.attn_units -= before - _remaining_units(request)
+        if request.prefilled_tokens < request.prefill_target_tokens:
+            return False
+        del self.active[request.request_id]
+        return True
+
+    def drop(self, request: Request) -> None:
+        """Remove an admitted request (preempted) with its remaining load."""
+        del self.active[request.request_id]
+        self.tokens -= request.prefill_target_tokens - request.prefilled_tokens
+        self.attn_units -= _remaining_units(request)
