@@ -19,7 +19,8 @@ from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
 # flag -> SimConfig field, for flags whose name differs from the field
 _FIELD_OF = {"ttft_slo": "ttft_slo_s", "tpot_slo": "tpot_slo_s", "start": "start_s",
              "duration": "duration_s", "chunk_size": "chunk_size_tokens",
-             "monitor_interval": "monitor_interval_s", "synthetic_rate": "synthetic_rate_rps"}
+             "monitor_interval": "monitor_interval_s", "monitor_window": "monitor_window_s",
+             "synthetic_rate": "synthetic_rate_rps"}
 
 
 def _simulate_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,6 +61,7 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--max-batch-size", type=int, help="max sequences per instance [256]")
     c.add_argument("--transfer-calls", type=int, help="transfer calls per KV hand-off [1]")
     c.add_argument("--monitor-interval", type=float, help="monitor tick, seconds [1]")
+    c.add_argument("--monitor-window", type=float, help="monitor statistics window, seconds [5]")
     s = p.add_argument_group("SLOs and output")
     s.add_argument("--ttft-slo", type=float, help="TTFT target, seconds [2]")
     s.add_argument("--tpot-slo", type=float, help="TPOT target, seconds [0.15]")
@@ -121,7 +123,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
         write_summary_json(out / "summary.json", summary, asdict(config), goodput,
-                           {"role_changes": result.role_changes, "simulated_s": result.end_s})
+                           {"flips": result.flips, "role_changes": len(result.role_changes),
+                            "simulated_s": result.end_s})
         write_requests_csv(out / "requests.csv", result.requests, experiment.slo)
         plots.plot_latency_cdfs(out / "latency_cdf.png", result.requests, experiment.slo,
                                 f"{config.policy} on {workload.name}")

@@ -48,6 +48,7 @@ class SimConfig:
     max_batch_size: int = 256
     transfer_calls: int = 1
     monitor_interval_s: float = 1.0
+    monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
     # SLOs and goodput
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.15
@@ -58,8 +59,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         positive = ("rate_scale", "synthetic_requests", "synthetic_rate_rps", "synthetic_cv",
                     "instances", "prefill", "decode", "chunk_size_tokens", "max_batch_size",
-                    "transfer_calls", "monitor_interval_s", "ttft_slo_s", "tpot_slo_s",
-                    "goodput_tolerance")
+                    "transfer_calls", "monitor_interval_s", "monitor_window_s", "ttft_slo_s",
+                    "tpot_slo_s", "goodput_tolerance")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"config field {name!r} must be positive, got "

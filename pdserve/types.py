@@ -28,19 +28,29 @@ def attn_units(new_tokens: int, prior_tokens: int) -> int:
 
 
 class Role(enum.Enum):
-    """What an instance does. Arrow's transitional pools are added by the Arrow policy."""
+    """What an instance does; Arrow's four elastic pools plus colocated serving.
+
+    P_TO_D: flipped to decode, still finishing its prefills (takes decodes, no new prefills).
+    D_TO_P: flipped to prefill, still finishing its decodes (takes prefills, no new decodes).
+    """
 
     PREFILL = "prefill"
     DECODE = "decode"
+    P_TO_D = "prefill->decode"
+    D_TO_P = "decode->prefill"
     MIXED = "mixed"  # colocated: both phases, chunked prefill next to decodes
 
     @property
     def takes_prefill(self) -> bool:
-        return self is not Role.DECODE
+        return self in _TAKES_PREFILL
 
     @property
     def takes_decode(self) -> bool:
-        return self is not Role.PREFILL
+        return self in _TAKES_DECODE
+
+
+_TAKES_PREFILL = frozenset({Role.PREFILL, Role.D_TO_P, Role.MIXED})
+_TAKES_DECODE = frozenset({Role.DECODE, Role.P_TO_D, Role.MIXED})
 
 
 @dataclass(frozen=True, slots=True)

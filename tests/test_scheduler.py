@@ -25,10 +25,10 @@ from pdserve.policies.min_load import (
     MinRunningTokensDecodeRouter,
     predicted_prefill_queue_s,
 )
-from pdserve.policies.presets import build_policy
+from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.policies.round_robin import RoundRobinPrefillRouter
 from pdserve.policies.static_roles import StaticRoles
-from pdserve.types import Request, Role
+from pdserve.types import SLO, Request, Role
 
 IDLE = InstanceStats(instance_id=0, prefill_queue_len=0, prefill_queue_tokens=0,
                      prefill_queue_attn_units=0, decode_queue_len=0, decode_queue_tokens=0,
@@ -36,12 +36,16 @@ IDLE = InstanceStats(instance_id=0, prefill_queue_len=0, prefill_queue_tokens=0,
                      preemptions_total=0, decode_steps_total=0, decode_busy_s_total=0.0)
 
 
+def setup(**changes) -> PolicySetup:
+    return PolicySetup(make_perf(), SLO(2.0, 0.15), **changes)
+
+
 def view_of(*loads: InstanceStats) -> ClusterView:
     return ClusterView(0.0, [replace(load, instance_id=i) for i, load in enumerate(loads)])
 
 
 def test_scheduler_knows_no_clock_and_keeps_roles():
-    policy, count = build_policy("static-pd", make_perf(), prefill=2, decode=3)
+    policy, count = build_policy("static-pd", setup(prefill=2, decode=3))
     scheduler = GlobalScheduler(policy, count)
     assert scheduler.roles == [Role.PREFILL] * 2 + [Role.DECODE] * 3
     view = view_of(*[IDLE] * 5)
@@ -100,7 +104,7 @@ def test_role_changes_become_actions_once():
 
 
 def test_oversized_request_and_no_capacity_are_rejected_with_a_reason():
-    policy, count = build_policy("colocated", make_perf(), instances=2)
+    policy, count = build_policy("colocated", setup(instances=2))
     scheduler = GlobalScheduler(policy, count)
     view = view_of(IDLE, IDLE)  # 1000 blocks = 16,000 tokens
     [action] = scheduler.handle(Arrival(Request(0, 0.0, 15_000, 2_000)), view)
@@ -117,9 +121,9 @@ def test_static_roles_validate_counts_and_presets_validate_names():
     with pytest.raises(ValueError, match="at least one prefill and one decode"):
         StaticRoles(0, 3)
     with pytest.raises(ValueError, match="unknown policy 'magic'"):
-        build_policy("magic", make_perf())
+        build_policy("magic", setup())
     with pytest.raises(ValueError, match="unknown prefill router 'fastest'"):
-        build_policy("static-pd", make_perf(), prefill_router="fastest")
+        build_policy("static-pd", setup(prefill_router="fastest"))
 
 
 def test_mean_token_interval_from_two_snapshots():

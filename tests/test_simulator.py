@@ -11,15 +11,20 @@ from pdserve.bench.metrics import summarize
 from pdserve.bench.synthetic import synthetic_workload
 from pdserve.config import SimConfig
 from pdserve.perf.fitted import PerfModel
-from pdserve.policies.presets import build_policy
+from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.sim.runner import Experiment
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO, Request
 
+DEFAULT_SLO = SLO(2.0, 0.15)
+
 
 def simulate(policy_name: str, requests: list[Request], perf: PerfModel, span: int,
+             slo: SLO = DEFAULT_SLO, prefill: int = 2, decode: int = 2,
              **settings) -> tuple[SimResult, list[Request]]:
-    policy, count = build_policy(policy_name, perf, instances=4, prefill=2, decode=2)
+    policy, count = build_policy(policy_name, PolicySetup(
+        perf, slo, instances=prefill + decode, prefill=prefill, decode=decode,
+        chunk_size_tokens=settings.get("chunk_size_tokens", 2048)))
     sim = Simulator(policy, count, perf, SimSettings(max_span_steps=span, **settings))
     result = sim.run(requests)
     return result, result.requests
@@ -30,30 +35,47 @@ def outcome(request: Request) -> tuple:
             request.prefill_instance, request.decode_instance, request.rejected_reason)
 
 
-@pytest.mark.parametrize("policy", ["colocated", "static-pd", "round-robin"])
-def test_fast_advance_equals_step_by_step(policy: str):
-    """Under memory pressure (preemptions, queued transfers) and bursty arrivals."""
+def assert_fast_equals_stepwise(policy: str, slo: SLO = DEFAULT_SLO, prefill: int = 2,
+                                decode: int = 2) -> tuple[SimResult, list[Request]]:
+    """Run a memory-pressured, bursty workload step by step and with fast-advance."""
     perf = make_perf(kv_capacity_tokens=12_000)
     workload = synthetic_workload(300, rate_rps=12.0, lengths="uniform:20-2500:1-400",
                                   arrival="gamma", cv=2.0, seed=7)
-    step_run, stepwise = simulate(policy, workload.requests(), perf, span=1,
-                                  chunk_size_tokens=512, monitor_interval_s=0.25)
-    fast_run, fast = simulate(policy, workload.requests(), perf, span=1 << 20,
-                              chunk_size_tokens=512, monitor_interval_s=0.25)
-    assert sum(r.preemptions for r in stepwise) > 0  # the workload does stress memory
+    runs = [simulate(policy, workload.requests(), perf, span, slo, prefill, decode,
+                     chunk_size_tokens=512, monitor_interval_s=0.25) for span in (1, 1 << 20)]
+    (step_run, stepwise), (fast_run, fast) = runs
     for slow_r, fast_r in zip(stepwise, fast, strict=True):
         slow_o, fast_o = outcome(slow_r), outcome(fast_r)
         assert slow_o[0] == fast_o[0] and slow_o[3:] == fast_o[3:]
         assert fast_o[1] == pytest.approx(slow_o[1], rel=1e-9, abs=1e-9)
         assert fast_o[2] == pytest.approx(slow_o[2], rel=1e-9, abs=1e-9)
-    # what the monitor saw at every tick is the same too
+    # what the monitor saw at every tick is the same too, and so are the role changes
     assert len(step_run.samples) == len(fast_run.samples)
     for slow_s, fast_s in zip(step_run.samples, fast_run.samples, strict=True):
         assert slow_s.running_tokens == fast_s.running_tokens
         assert slow_s.prefill_queue_tokens == fast_s.prefill_queue_tokens
         assert slow_s.memory_fraction == pytest.approx(fast_s.memory_fraction)
+        assert slow_s.roles == fast_s.roles
+    assert [(c.instance_id, c.role) for c in step_run.role_changes] == \
+        [(c.instance_id, c.role) for c in fast_run.role_changes]
     # and the fast path really skipped work
     assert fast_run.events < step_run.events / 3
+    return fast_run, fast
+
+
+@pytest.mark.parametrize("policy", ["colocated", "static-pd", "round-robin"])
+def test_fast_advance_equals_step_by_step(policy: str):
+    """Under memory pressure (preemptions, queued transfers) and bursty arrivals."""
+    _, requests = assert_fast_equals_stepwise(policy)
+    assert sum(r.preemptions for r in requests) > 0  # the workload does stress memory
+
+
+def test_fast_advance_equals_step_by_step_while_arrow_flips_instances():
+    """Arrow reads windowed token intervals and mid-span loads to flip instances."""
+    result, requests = assert_fast_equals_stepwise("arrow", SLO(0.2, 0.06), prefill=3,
+                                                   decode=3)
+    assert result.flips >= 20
+    assert sum(r.preemptions for r in requests) > 0
 
 
 def test_same_seed_same_results_different_seed_different():
@@ -113,3 +135,18 @@ def test_static_pd_and_colocated_differ_sanely_on_a_real_trace_clip():
     # load costs both: higher rate, higher TPOT
     for policy in ("colocated", "static-pd"):
         assert results[policy, 13].tpot_s.p50 > results[policy, 3].tpot_s.p50
+
+
+def test_arrow_beats_min_load_on_a_bursty_real_trace():
+    """Azure code, first 10 minutes at 10x: bursts overload 4 prefill instances; Arrow
+    flips decode instances to prefill and meets the SLOs where the fixed 4P4D split misses."""
+    base = SimConfig(trace="azure-code", duration_s=600, rate_scale=10, ttft_slo_s=3,
+                     tpot_slo_s=0.1)
+    summaries, flips = {}, {}
+    for policy in ("arrow", "min-load"):
+        experiment = Experiment.from_config(base.replaced(policy=policy))
+        result = experiment.simulate()
+        summaries[policy], flips[policy] = experiment.summarize(result), result.flips
+    assert summaries["arrow"].slo_attainment >= summaries["min-load"].slo_attainment + 0.05
+    assert summaries["arrow"].ttft_s.p90 < summaries["min-load"].ttft_s.p90
+    assert flips["arrow"] > 0 and flips["min-load"] == 0

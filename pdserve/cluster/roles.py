@@ -24,6 +24,9 @@ class RoleBoard:
         alive = [i for i in range(len(self.roles)) if i not in self.failed]
         self.prefill_candidates = [i for i in alive if self.roles[i].takes_prefill]
         self.decode_candidates = [i for i in alive if self.roles[i].takes_decode]
+        self.pools: dict[Role, list[int]] = {role: [] for role in Role}
+        for i in alive:
+            self.pools[self.roles[i]].append(i)
 
     def set_role(self, instance_id: int, role: Role) -> None:
         if self.roles[instance_id] is role:
@@ -41,4 +44,4 @@ class RoleBoard:
         return changes
 
     def count(self, role: Role) -> int:
-        return sum(1 for i, r in enumerate(self.roles) if r is role and i not in self.failed)
+        return len(self.pools[role])

@@ -70,11 +70,13 @@ class GlobalScheduler:
         return ""
 
     def _on_prefill_done(self, event: PrefillDone, view: ClusterView) -> list[Action]:
+        self.policy.role_manager.on_progress(event.instance_id, view, self.board)
         target = self.policy.decode_router.route(event.request, event.instance_id, view,
                                                  self.board)
         return [DispatchDecode(event.request, event.instance_id, target)]
 
     def _on_finished(self, event: Finished, view: ClusterView) -> list[Action]:
+        self.policy.role_manager.on_progress(event.instance_id, view, self.board)
         return []
 
     def _on_tick(self, event: Tick, view: ClusterView) -> list[Action]:

@@ -40,6 +40,10 @@ class RoleManager(Protocol):
 
     def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]: ...
 
+    def on_progress(self, instance_id: int, view: ClusterView, board: RoleBoard) -> None:
+        """An instance finished a prefill or a request (its work shrank)."""
+        ...
+
 
 class Rebalancer(Protocol):
     def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]: ...

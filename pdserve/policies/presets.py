@@ -1,11 +1,12 @@
 """Named policies, each just a composition of components.
 
-| preset      | roles              | prefill router | decode router      |
-|-------------|--------------------|----------------|--------------------|
-| colocated   | all mixed          | min-load       | in-place           |
-| static-pd   | xPyD fixed         | min-load       | min-running-tokens |
-| min-load    | xPyD fixed         | min-load       | min-running-tokens | (Arrow Fig. 8)
-| round-robin | xPyD fixed         | round-robin    | round-robin        | (Arrow Fig. 8)
+| preset      | roles         | prefill router | decode router      | paper             |
+|-------------|---------------|----------------|--------------------|-------------------|
+| colocated   | all mixed     | min-load       | in-place           | vLLM-like         |
+| static-pd   | xPyD fixed    | min-load       | min-running-tokens |                   |
+| min-load    | xPyD fixed    | min-load       | min-running-tokens | Arrow Fig. 8      |
+| round-robin | xPyD fixed    | round-robin    | round-robin        | Arrow Fig. 8      |
+| arrow       | xPyD, elastic | arrow (Alg. 1) | arrow (Alg. 2)     | Arrow "SLO aware" |
 
 Any preset's routers can be swapped by name (`prefill_router`, `decode_router`).
 """
@@ -15,62 +16,104 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.perf.fitted import PerfModel
+from pdserve.policies.arrow.context import ArrowContext
+from pdserve.policies.arrow.decode_router import ArrowDecodeRouter
+from pdserve.policies.arrow.prefill_router import ArrowPrefillRouter
+from pdserve.policies.arrow.profiling import TtftPredictor, max_running_tokens, profile_ttft
+from pdserve.policies.arrow.role_manager import ArrowRoleManager
 from pdserve.policies.base import DecodeRouter, Policy, PrefillRouter, RoleManager
 from pdserve.policies.in_place import InPlaceDecodeRouter
 from pdserve.policies.min_load import MinLoadPrefillRouter, MinRunningTokensDecodeRouter
 from pdserve.policies.round_robin import RoundRobinDecodeRouter, RoundRobinPrefillRouter
 from pdserve.policies.static_roles import ColocatedRoles, StaticRoles
+from pdserve.types import SLO
 
-PREFILL_ROUTERS: dict[str, Callable[[PerfModel], PrefillRouter]] = {
-    "round-robin": lambda perf: RoundRobinPrefillRouter(),
-    "min-load": lambda perf: MinLoadPrefillRouter(perf.prefill),
-}
-DECODE_ROUTERS: dict[str, Callable[[PerfModel], DecodeRouter]] = {
-    "round-robin": lambda perf: RoundRobinDecodeRouter(),
-    "min-running-tokens": lambda perf: MinRunningTokensDecodeRouter(),
-    "in-place": lambda perf: InPlaceDecodeRouter(),
-}
+
+@dataclass(frozen=True)
+class PolicySetup:
+    """What building a policy may need: the cluster shape, the performance model (the
+    profile in the live world), SLOs and the instances' limits."""
+
+    perf: PerfModel
+    slo: SLO
+    instances: int = 8  # colocated presets
+    prefill: int = 4  # disaggregated presets: initial prefill / decode split
+    decode: int = 4
+    chunk_size_tokens: int = 2048
+    max_batch_size: int = 256
+    monitor_window_s: float = 5.0
+    prefill_router: str = ""  # "" keeps the preset's
+    decode_router: str = ""
+
+
+def arrow_context(setup: PolicySetup) -> ArrowContext:
+    samples = profile_ttft(setup.perf, setup.chunk_size_tokens)
+    return ArrowContext(
+        ttft_slo_s=setup.slo.ttft_s, tpot_slo_s=setup.slo.tpot_s,
+        predictor=TtftPredictor.fit(samples), monitor=InstanceMonitor(setup.monitor_window_s),
+        max_running_tokens=max_running_tokens(setup.perf, setup.slo.tpot_s,
+                                              setup.max_batch_size),
+        max_batch_size=setup.max_batch_size)
 
 
 @dataclass(frozen=True)
 class Preset:
+    elastic: bool  # Arrow pools
     disaggregated: bool
     prefill_router: str
     decode_router: str
 
 
 PRESETS: dict[str, Preset] = {
-    "colocated": Preset(False, "min-load", "in-place"),
-    "static-pd": Preset(True, "min-load", "min-running-tokens"),
-    "min-load": Preset(True, "min-load", "min-running-tokens"),
-    "round-robin": Preset(True, "round-robin", "round-robin"),
+    "colocated": Preset(False, False, "min-load", "in-place"),
+    "static-pd": Preset(False, True, "min-load", "min-running-tokens"),
+    "min-load": Preset(False, True, "min-load", "min-running-tokens"),
+    "round-robin": Preset(False, True, "round-robin", "round-robin"),
+    "arrow": Preset(True, True, "arrow", "arrow"),
+}
+
+PREFILL_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], PrefillRouter]] = {
+    "round-robin": lambda setup, arrow: RoundRobinPrefillRouter(),
+    "min-load": lambda setup, arrow: MinLoadPrefillRouter(setup.perf.prefill),
+    "arrow": lambda setup, arrow: ArrowPrefillRouter(arrow or arrow_context(setup)),
+}
+DECODE_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], DecodeRouter]] = {
+    "round-robin": lambda setup, arrow: RoundRobinDecodeRouter(),
+    "min-running-tokens": lambda setup, arrow: MinRunningTokensDecodeRouter(),
+    "in-place": lambda setup, arrow: InPlaceDecodeRouter(),
+    "arrow": lambda setup, arrow: ArrowDecodeRouter(arrow or arrow_context(setup)),
 }
 
 
-def _pick(table: dict[str, Callable[[PerfModel], object]], name: str, what: str) -> Callable:
+def _pick(table: dict[str, Callable], name: str, what: str) -> Callable:
     if name not in table:
         raise ValueError(f"unknown {what} {name!r}; known: {', '.join(table)}")
     return table[name]
 
 
-def build_policy(name: str, perf: PerfModel, *, instances: int = 8, prefill: int = 4,
-                 decode: int = 4, prefill_router: str = "",
-                 decode_router: str = "") -> tuple[Policy, int]:
-    """The policy named `name` (with optional router overrides) and its instance count."""
+def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
+    """The policy named `name` (with the setup's router overrides) and its instance count."""
     if name not in PRESETS:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}")
     preset = PRESETS[name]
+    prefill_name = setup.prefill_router or preset.prefill_router
+    decode_name = setup.decode_router or preset.decode_router
+    uses_arrow = preset.elastic or "arrow" in (prefill_name, decode_name)
+    arrow = arrow_context(setup) if uses_arrow else None  # one context, shared
     roles: RoleManager
-    if preset.disaggregated:
-        roles, count = StaticRoles(prefill, decode), prefill + decode
+    if preset.elastic:
+        assert arrow is not None
+        roles, count = ArrowRoleManager(arrow, setup.prefill, setup.decode), \
+            setup.prefill + setup.decode
+    elif preset.disaggregated:
+        roles, count = StaticRoles(setup.prefill, setup.decode), setup.prefill + setup.decode
     else:
-        roles, count = ColocatedRoles(), instances
+        roles, count = ColocatedRoles(), setup.instances
     policy = Policy(
         name=name,
-        prefill_router=_pick(PREFILL_ROUTERS, prefill_router or preset.prefill_router,
-                             "prefill router")(perf),
-        decode_router=_pick(DECODE_ROUTERS, decode_router or preset.decode_router,
-                            "decode router")(perf),
+        prefill_router=_pick(PREFILL_ROUTERS, prefill_name, "prefill router")(setup, arrow),
+        decode_router=_pick(DECODE_ROUTERS, decode_name, "decode router")(setup, arrow),
         role_manager=roles)
     return policy, count

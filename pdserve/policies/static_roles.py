@@ -28,6 +28,9 @@ class StaticRoles:
     def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]:
         return []
 
+    def on_progress(self, instance_id: int, view: ClusterView, board: RoleBoard) -> None:
+        return None
+
 
 class ColocatedRoles:
     def initial_roles(self, num_instances: int) -> list[Role]:
@@ -35,3 +38,6 @@ class ColocatedRoles:
 
     def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]:
         return []
+
+    def on_progress(self, instance_id: int, view: ClusterView, board: RoleBoard) -> None:
+        return None

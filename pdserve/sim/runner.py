@@ -17,7 +17,7 @@ from pdserve.bench.workload import Workload
 from pdserve.config import SimConfig
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
-from pdserve.policies.presets import build_policy
+from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO
 
@@ -63,10 +63,11 @@ class Experiment:
                  on_progress: Callable[[int], None] | None = None) -> SimResult:
         """One run at `rate_scale` (the config's by default)."""
         config = self.config
-        policy, count = build_policy(config.policy, self.perf, instances=config.instances,
-                                     prefill=config.prefill, decode=config.decode,
-                                     prefill_router=config.prefill_router,
-                                     decode_router=config.decode_router)
+        policy, count = build_policy(config.policy, PolicySetup(
+            self.perf, self.slo, instances=config.instances, prefill=config.prefill,
+            decode=config.decode, chunk_size_tokens=config.chunk_size_tokens,
+            max_batch_size=config.max_batch_size, monitor_window_s=config.monitor_window_s,
+            prefill_router=config.prefill_router, decode_router=config.decode_router))
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
                                config.transfer_calls, config.monitor_interval_s, max_span_steps)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)

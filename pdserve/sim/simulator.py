@@ -56,13 +56,33 @@ class LoadSample:
     roles: list[Role]
 
 
+@dataclass(frozen=True)
+class RoleChange:
+    time_s: float
+    instance_id: int
+    role: Role
+
+
 @dataclass
 class SimResult:
     requests: list[Request]
     samples: list[LoadSample] = field(default_factory=list)
-    role_changes: int = 0
+    role_changes: list[RoleChange] = field(default_factory=list)
     end_s: float = 0.0
     events: int = 0
+    initial_roles: list[Role] = field(default_factory=list)
+
+    @property
+    def flips(self) -> int:
+        """Role changes that move an instance between the prefill side (P, D->P) and the
+        decode side (D, P->D); settling within a side is not a flip."""
+        sides = [role.takes_prefill for role in self.initial_roles]
+        count = 0
+        for change in self.role_changes:
+            side = change.role.takes_prefill
+            count += side != sides[change.instance_id]
+            sides[change.instance_id] = side
+        return count
 
 
 @dataclass
@@ -95,10 +115,11 @@ class Simulator:
                         perf, self.view, self.settings.max_span_steps)
             for i in range(num_instances)]
         self.view.instances = self.instances
+        self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
         self._seq = 0
         self._kicked: list[SimInstance] = []
-        self._role_changes = 0
+        self._role_changes: list[RoleChange] = []
         self._outstanding = 0  # arrived and not yet finished or rejected
         self._completed = 0
         self._arrivals_pending = False
@@ -140,7 +161,7 @@ class Simulator:
                 self._outstanding -= 1
                 self._completed += 1
             elif type(action) is SetRole:
-                self._role_changes += 1
+                self._role_changes.append(RoleChange(now, action.instance_id, action.role))
             elif type(action) is SetChunkSize:
                 instance = self.instances[action.instance_id]
                 self._touch(instance)
@@ -246,4 +267,5 @@ class Simulator:
                 self._start_kicked()
         if on_progress is not None:
             on_progress(self._completed)
-        return SimResult(requests, self.samples, self._role_changes, view.now_s, events)
+        return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
+                         self._initial_roles)

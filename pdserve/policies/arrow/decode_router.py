@@ -1,0 +1,57 @@
+"""Arrow Algorithm 2: SLO-aware decode scheduling.
+
+  if r.prefill_instance in D or P->D: return it (decode in place, no KV transfer)
+  t1 <- decode instance with minimal running tokens
+  t2 <- P->D instance with minimal running tokens
+  if t1 can take it (running tokens <= Max Running Tokens, token interval <= TPOT SLO):
+      return t1
+  elif t2 can take it: return t2
+  elif (t3 <- try_move_prefill_to_decode()) != None: return t3
+  return whichever of t1, t2 has fewer running tokens
+Deviations: running tokens include decodes already routed to the instance and waiting for
+their KV (otherwise a burst all lands on one instance before its counters move); the
+batch-size cap is a hard limit the paper's load measure does not see, so t1 and t2 are
+chosen among instances with a free batch slot when there are any, and "can take it" needs
+one.
+"""
+
+from __future__ import annotations
+
+from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.roles import RoleBoard
+from pdserve.policies.arrow.context import ArrowContext
+from pdserve.policies.arrow.pools import try_move_prefill_to_decode
+from pdserve.types import Request, Role
+
+
+class ArrowDecodeRouter:
+    def __init__(self, context: ArrowContext) -> None:
+        self.context = context
+
+    def _least_tokens(self, pool: list[int], view: ClusterView) -> int:
+        tokens, cap = self.context.decode_tokens, self.context.max_batch_size
+
+        def key(i: int) -> tuple[bool, int]:
+            load = view.instances[i]
+            return load.running_decodes + load.decode_queue_len >= cap, tokens(load)
+
+        return min(pool, key=key, default=-1)
+
+    def route(self, request: Request, prefill_instance: int, view: ClusterView,
+              board: RoleBoard) -> int:
+        context = self.context
+        if board.roles[prefill_instance] in (Role.DECODE, Role.P_TO_D):
+            return prefill_instance
+        t1 = self._least_tokens(board.pools[Role.DECODE], view)
+        if t1 >= 0 and context.can_take_decode(t1, view):
+            return t1
+        t2 = self._least_tokens(board.pools[Role.P_TO_D], view)
+        if t2 >= 0 and context.can_take_decode(t2, view):
+            return t2
+        t3 = try_move_prefill_to_decode(view, board, context.predictor)
+        if t3 is not None:
+            return t3
+        if t1 < 0 or (t2 >= 0 and context.decode_tokens(view.instances[t2])
+                      < context.decode_tokens(view.instances[t1])):
+            return t2
+        return t1

@@ -1,0 +1,77 @@
+"""Arrow's start-up profiling: the TTFT predictor and Max Running Tokens (Arrow sec. 5.3).
+
+TTFT predictor: at cluster start each instance type is profiled with single requests of
+several input lengths on an idle instance, and TTFT = a + b*n + c*n^2 is fitted by least
+squares. In the simulator the "measurement" runs one request through the shared local
+scheduler and the performance model (so chunking is included); in the live world the same
+fit takes measured samples.
+An instance's predicted prefill queueing delay is the predicted remaining time of every
+prefill on it. A request with p of its n tokens done is charged one more batch's overhead plus
+the rest of the curve: a + b*(n - p) + c*(n - p)*(n + p). Summed, that is
+  len * a + b * prefill_queue_tokens + c * prefill_queue_attn_units,
+O(1) from the counters every instance keeps (`InstanceLoad`; attn units are (n-p)(n-p+2p)).
+
+Max Running Tokens: the smaller of the KV capacity and the largest number of context tokens
+a decode batch (at the batch-size cap) can hold while one step stays within the TPOT SLO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.instance.stats import InstanceLoad
+from pdserve.perf.fit import fit_prefill
+from pdserve.perf.fitted import PerfModel, PrefillCoeffs
+from pdserve.types import KV_BLOCK_TOKENS, Request
+
+PROFILE_LENGTHS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class TtftPredictor:
+    def __init__(self, coeffs: PrefillCoeffs) -> None:
+        self.coeffs = coeffs
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[int, float]]) -> TtftPredictor:
+        """Fit TTFT = a + b*n + c*n^2 to (input length, measured TTFT) samples."""
+        return cls(fit_prefill([(n, 0, seconds) for n, seconds in samples]))
+
+    def ttft_s(self, input_tokens: int) -> float:
+        return self.coeffs.time_s(input_tokens, input_tokens * input_tokens)
+
+    def queue_delay_s(self, load: InstanceLoad) -> float:
+        c = self.coeffs
+        return (load.prefill_queue_len * c.intercept_s + load.prefill_queue_tokens * c.per_token_s
+                + load.prefill_queue_attn_units * c.per_attn_unit_s)
+
+
+def profile_ttft(perf: PerfModel, chunk_size_tokens: int,
+                 lengths: Iterable[int] = PROFILE_LENGTHS) -> list[tuple[int, float]]:
+    """TTFT of single requests on an idle simulated instance: (input length, seconds)."""
+    total_blocks = perf.kv_capacity_tokens // KV_BLOCK_TOKENS
+    samples = []
+    for n in lengths:
+        if n + 1 > perf.kv_capacity_tokens:
+            continue
+        local = LocalScheduler(0, total_blocks, chunk_size_tokens)
+        local.enqueue_prefill(Request(0, 0.0, n, 2))
+        elapsed = 0.0
+        while True:
+            plan = local.plan()
+            assert plan is not None
+            elapsed += perf.batch_time_s(0, 0, plan.prefill_tokens, plan.prefill_attn_units)
+            if local.complete(plan, elapsed).prefilled:
+                break
+        samples.append((n, elapsed))
+    return samples
+
+
+def max_running_tokens(perf: PerfModel, tpot_slo_s: float, max_batch_size: int) -> int:
+    """Largest decode context that KV memory holds and one step serves within the TPOT SLO."""
+    decode = perf.decode
+    fixed = decode.step_s(max_batch_size, 0)
+    if decode.per_context_token_s <= 0:
+        return perf.kv_capacity_tokens
+    within_slo = int((tpot_slo_s - fixed) / decode.per_context_token_s)
+    return max(0, min(perf.kv_capacity_tokens, within_slo))

@@ -1,0 +1,54 @@
+"""Arrow's instance scheduling outside request dispatch (sec. 5.5), and pool settling.
+
+Initial roles are xPyD. On every monitor tick:
+  1. settle transitional instances whose old work is done (P->D to D, D->P to P);
+  2. if the decode pool's mean token interval over the window exceeds the TPOT SLO, move a
+     prefill instance to decode (Alg. 4);
+  3. else, if decode is busy and a prefill-side instance is idle, move that idle instance to
+     decode (the "idle prefill instances join decode" rule), keeping one prefill-capable
+     instance.
+Settling also runs whenever an instance reports progress (a prefill done, a request
+finished), so a drained instance changes pool at once rather than at the next tick.
+"""
+
+from __future__ import annotations
+
+from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.roles import RoleBoard
+from pdserve.policies.arrow.context import ArrowContext
+from pdserve.policies.arrow.pools import (
+    has_prefill_work,
+    move_to_decode,
+    settle,
+    try_move_prefill_to_decode,
+)
+from pdserve.policies.static_roles import StaticRoles
+from pdserve.types import Role
+
+
+class ArrowRoleManager:
+    def __init__(self, context: ArrowContext, prefill: int, decode: int) -> None:
+        self.context = context
+        self._initial = StaticRoles(prefill, decode)
+
+    def initial_roles(self, num_instances: int) -> list[Role]:
+        return self._initial.initial_roles(num_instances)
+
+    def on_progress(self, instance_id: int, view: ClusterView, board: RoleBoard) -> None:
+        settle(instance_id, view, board)
+
+    def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]:
+        context = self.context
+        context.monitor.observe(view)
+        for i in range(len(board.roles)):
+            if i not in board.failed:
+                settle(i, view, board)
+        pool = context.decode_pool(board)
+        if context.monitor.token_interval_s(pool) > context.tpot_slo_s:
+            try_move_prefill_to_decode(view, board, context.predictor)
+        elif context.decode_is_busy(view, board):
+            prefill_side = board.pools[Role.D_TO_P] + board.pools[Role.PREFILL]
+            idle = [i for i in prefill_side if not has_prefill_work(view.instances[i])]
+            if idle and len(prefill_side) > 1:
+                move_to_decode(idle[0], view, board)
+        return []  # role changes reach the driver through the board
