@@ -131,3 +131,15 @@ def test_mean_token_interval_from_two_snapshots():
     after = replace(IDLE, decode_steps_total=150, decode_busy_s_total=1.75)
     assert mean_token_interval_s(before, after) == pytest.approx(0.015)
     assert mean_token_interval_s(after, after) == 0.0
+
+
+def test_role_board_lists_stay_sorted_and_skip_failed_instances():
+    board = RoleBoard([Role.PREFILL, Role.DECODE, Role.PREFILL, Role.DECODE])
+    board.set_role(3, Role.D_TO_P)
+    board.set_role(1, Role.PREFILL)
+    assert board.pools[Role.PREFILL] == [0, 1, 2] and board.pools[Role.D_TO_P] == [3]
+    assert board.prefill_candidates == [0, 1, 2, 3] and board.decode_candidates == []
+    board.mark_failed(2)
+    board.set_role(2, Role.DECODE)  # a failed instance's role may change, it stays out
+    assert board.prefill_candidates == [0, 1, 3] and board.decode_candidates == []
+    assert board.count(Role.DECODE) == 0

@@ -81,3 +81,21 @@ def plot_instance_load(path: Path, times_s: Sequence[float], running_tokens: np.
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_pool_sizes(path: Path, times_s: Sequence[float], roles: Sequence[Sequence[str]],
+                    title: str = "") -> None:
+    """How many instances are in each pool over time (one line per role)."""
+    names = sorted({role for snapshot in roles for role in snapshot})
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    for name in names:
+        ax.step(times_s, [sum(1 for r in snapshot if r == name) for snapshot in roles],
+                where="post", linewidth=1, label=name)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("instances")
+    ax.set_title(title or "pool sizes")
+    ax.legend(fontsize=8, ncol=len(names))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

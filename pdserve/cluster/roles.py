@@ -3,9 +3,15 @@
 Routers and role managers change roles through `RoleBoard.set_role`; the global scheduler
 turns the changes into `SetRole` actions after each event, so a router may flip an instance
 and dispatch to it in one decision (as Arrow's Algorithm 1 does).
+
+Member lists (`pools[role]`, `prefill_candidates`, `decode_candidates`) stay sorted by
+instance id and are updated in place on a change, so a flip costs a few list operations
+rather than a rebuild (it sits on the dispatch path).
 """
 
 from __future__ import annotations
+
+from bisect import insort
 
 from pdserve.cluster.messages import SetRole
 from pdserve.types import Role
@@ -18,26 +24,42 @@ class RoleBoard:
         self.roles = list(roles)
         self.failed: set[int] = set()
         self._changes: list[SetRole] = []
-        self._refresh()
-
-    def _refresh(self) -> None:
-        alive = [i for i in range(len(self.roles)) if i not in self.failed]
-        self.prefill_candidates = [i for i in alive if self.roles[i].takes_prefill]
-        self.decode_candidates = [i for i in alive if self.roles[i].takes_decode]
         self.pools: dict[Role, list[int]] = {role: [] for role in Role}
-        for i in alive:
-            self.pools[self.roles[i]].append(i)
+        self.prefill_candidates: list[int] = []
+        self.decode_candidates: list[int] = []
+        for i, role in enumerate(self.roles):
+            self._add(i, role)
+
+    def _lists_of(self, role: Role) -> list[list[int]]:
+        lists = [self.pools[role]]
+        if role.takes_prefill:
+            lists.append(self.prefill_candidates)
+        if role.takes_decode:
+            lists.append(self.decode_candidates)
+        return lists
+
+    def _add(self, instance_id: int, role: Role) -> None:
+        for members in self._lists_of(role):
+            insort(members, instance_id)
+
+    def _remove(self, instance_id: int, role: Role) -> None:
+        for members in self._lists_of(role):
+            members.remove(instance_id)
 
     def set_role(self, instance_id: int, role: Role) -> None:
-        if self.roles[instance_id] is role:
+        old = self.roles[instance_id]
+        if old is role:
             return
         self.roles[instance_id] = role
         self._changes.append(SetRole(instance_id, role))
-        self._refresh()
+        if instance_id not in self.failed:
+            self._remove(instance_id, old)
+            self._add(instance_id, role)
 
     def mark_failed(self, instance_id: int) -> None:
-        self.failed.add(instance_id)
-        self._refresh()
+        if instance_id not in self.failed:
+            self.failed.add(instance_id)
+            self._remove(instance_id, self.roles[instance_id])
 
     def take_changes(self) -> list[SetRole]:
         changes, self._changes = self._changes, []

@@ -29,13 +29,16 @@ class ArrowDecodeRouter:
         self.context = context
 
     def _least_tokens(self, pool: list[int], view: ClusterView) -> int:
-        tokens, cap = self.context.decode_tokens, self.context.max_batch_size
-
-        def key(i: int) -> tuple[bool, int]:
-            load = view.instances[i]
-            return load.running_decodes + load.decode_queue_len >= cap, tokens(load)
-
-        return min(pool, key=key, default=-1)
+        """Fewest running + incoming tokens, among instances with a free slot if any."""
+        cap, instances = self.context.max_batch_size, view.instances
+        best, best_key = -1, (True, 0)
+        for i in pool:
+            load = instances[i]
+            key = (load.running_decodes + load.decode_queue_len >= cap,
+                   load.running_tokens + load.decode_queue_tokens)
+            if best < 0 or key < best_key:
+                best, best_key = i, key
+        return best
 
     def route(self, request: Request, prefill_instance: int, view: ClusterView,
               board: RoleBoard) -> int:

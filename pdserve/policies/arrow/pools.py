@@ -42,14 +42,40 @@ def settle(instance_id: int, view: ClusterView, board: RoleBoard) -> None:
         board.set_role(instance_id, Role.PREFILL)
 
 
+def least_delay(pool: list[int], view: ClusterView,
+                predictor: TtftPredictor) -> tuple[int, float]:
+    """The instance of `pool` with the least predicted prefill queueing delay, and that delay
+    (-1 for an empty pool). `TtftPredictor.queue_delay_s`, inlined: this loop runs on every
+    dispatch."""
+    coeffs, instances = predictor.coeffs, view.instances
+    a, b, c = coeffs.intercept_s, coeffs.per_token_s, coeffs.per_attn_unit_s
+    best, best_delay = -1, 0.0
+    for i in pool:
+        load = instances[i]
+        delay = (load.prefill_queue_len * a + load.prefill_queue_tokens * b
+                 + load.prefill_queue_attn_units * c)
+        if best < 0 or delay < best_delay:
+            best, best_delay = i, delay
+    return best, best_delay
+
+
+def least_running_tokens(pool: list[int], view: ClusterView) -> int:
+    instances = view.instances
+    best, best_tokens = -1, 0
+    for i in pool:
+        tokens = instances[i].running_tokens
+        if best < 0 or tokens < best_tokens:
+            best, best_tokens = i, tokens
+    return best
+
+
 def try_move_decode_to_prefill(view: ClusterView, board: RoleBoard) -> int | None:
     """Alg. 3: keep at least one decode-capable instance; take the least-loaded P->D
     instance, else the least-loaded decode instance (by running tokens)."""
     p_to_d, decode = board.pools[Role.P_TO_D], board.pools[Role.DECODE]
     if len(decode) + len(p_to_d) <= 1:
         return None
-    pool = p_to_d or decode
-    chosen = min(pool, key=lambda i: view.instances[i].running_tokens)
+    chosen = least_running_tokens(p_to_d or decode, view)
     move_to_prefill(chosen, view, board)
     return chosen
 
@@ -61,7 +87,6 @@ def try_move_prefill_to_decode(view: ClusterView, board: RoleBoard,
     d_to_p, prefill = board.pools[Role.D_TO_P], board.pools[Role.PREFILL]
     if len(prefill) + len(d_to_p) <= 1:
         return None
-    pool = d_to_p or prefill
-    chosen = min(pool, key=lambda i: predictor.queue_delay_s(view.instances[i]))
+    chosen, _ = least_delay(d_to_p or prefill, view, predictor)
     move_to_decode(chosen, view, board)
     return chosen

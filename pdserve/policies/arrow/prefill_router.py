@@ -15,7 +15,7 @@ from __future__ import annotations
 from pdserve.cluster.messages import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.arrow.context import ArrowContext
-from pdserve.policies.arrow.pools import try_move_decode_to_prefill
+from pdserve.policies.arrow.pools import least_delay, try_move_decode_to_prefill
 from pdserve.types import Request, Role
 
 
@@ -23,22 +23,13 @@ class ArrowPrefillRouter:
     def __init__(self, context: ArrowContext) -> None:
         self.context = context
 
-    def _least_delay(self, pool: list[int], view: ClusterView) -> tuple[int, float]:
-        delay = self.context.predictor.queue_delay_s
-        best, best_delay = -1, 0.0
-        for i in pool:
-            d = delay(view.instances[i])
-            if best < 0 or d < best_delay:
-                best, best_delay = i, d
-        return best, best_delay
-
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
         context = self.context
         prefill_s = context.predictor.ttft_s(request.input_tokens)
-        t1, t1_delay = self._least_delay(board.pools[Role.PREFILL], view)
+        t1, t1_delay = least_delay(board.pools[Role.PREFILL], view, context.predictor)
         if t1 >= 0 and t1_delay + prefill_s <= context.ttft_slo_s:
             return t1
-        t2, t2_delay = self._least_delay(board.pools[Role.D_TO_P], view)
+        t2, t2_delay = least_delay(board.pools[Role.D_TO_P], view, context.predictor)
         if t2 >= 0 and t2_delay + prefill_s <= context.ttft_slo_s:
             return t2
         if context.decode_load_is_low(view, board):
