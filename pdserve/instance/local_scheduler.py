@@ -39,6 +39,7 @@ class BatchPlan:
     decode_context_tokens: int = 0  # sum of sequence lengths at the first step
     prefill_tokens: int = 0
     prefill_attn_units: int = 0
+    preempted: list[Request] = field(default_factory=list)  # lost their KV in this plan
 
 
 @dataclass(slots=True)
@@ -68,6 +69,7 @@ class LocalScheduler:
         self.transferring: dict[int, Request] = {}
         self.held: dict[int, tuple[Request, int]] = {}  # prefilled here, awaiting hand-off
         self._admit_counter = 0
+        self._preempted_pending: list[Request] = []  # until a plan tells the engine
         # load counters, kept incrementally so reading them is O(1)
         self.decode_queue_tokens = 0
         self.running_tokens = 0
@@ -149,12 +151,15 @@ class LocalScheduler:
         preemptions_before = self.preemptions_total
         self._grow_decodes()
         decodes = list(self.running.values())
-        # a step that had to preempt admits no new prefill (vLLM does the same)
-        admit_waiting = self.preemptions_total == preemptions_before
+        # a step that had to preempt admits no new prefill (vLLM does the same), unless no
+        # decode is left to run: then waiting work must start or the instance would stall
+        admit_waiting = self.preemptions_total == preemptions_before or not decodes
         chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes), admit_waiting)
         if not decodes and not chunks:
             return None
-        plan = BatchPlan(decodes, chunks, decode_context_tokens=self.running_tokens)
+        plan = BatchPlan(decodes, chunks, decode_context_tokens=self.running_tokens,
+                         preempted=self._preempted_pending)
+        self._preempted_pending = []
         for request, tokens in chunks:
             plan.prefill_tokens += tokens
             plan.prefill_attn_units += attn_units(tokens, request.prefilled_tokens)
@@ -340,4 +345,5 @@ class LocalScheduler:
         request.kv_blocks = 0
         request.preemptions += 1
         self.preemptions_total += 1
+        self._preempted_pending.append(request)
         self.prefills.push_front(request)

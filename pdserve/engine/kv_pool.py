@@ -1,0 +1,76 @@
+"""The paged KV pool, in FlowKV's layout: one tensor per instance,
+[blocks, layers, 2 (K, V), block_size, kv_heads, head_dim], so a block holds every layer's
+K and V contiguously and a run of consecutive blocks is one contiguous byte range (one copy
+moves it). The tensor can live in named shared memory, set up once, so that another process
+on the host maps it and copies blocks out without pickling anything.
+"""
+
+from __future__ import annotations
+
+from multiprocessing import resource_tracker, shared_memory
+
+import torch
+
+from pdserve.types import KV_BLOCK_TOKENS
+
+
+class PagedKVPool:
+    def __init__(self, num_blocks: int, num_layers: int, kv_heads: int, head_dim: int,
+                 block_size: int = KV_BLOCK_TOKENS, shared_name: str | None = None,
+                 attach: bool = False) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.shape = (num_blocks, num_layers, 2, block_size, kv_heads, head_dim)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        numel = num_blocks * num_layers * 2 * block_size * kv_heads * head_dim
+        self._shm: shared_memory.SharedMemory | None = None
+        self._owner = False
+        if shared_name is None:
+            self.data = torch.zeros(self.shape, dtype=torch.float32)
+            return
+        if attach:
+            self._shm = shared_memory.SharedMemory(name=shared_name)
+            # the creating process owns the segment; do not let this one's tracker unlink it
+            resource_tracker.unregister(self._shm._name, "shared_memory")  # type: ignore[attr-defined]
+        else:
+            self._shm = shared_memory.SharedMemory(name=shared_name, create=True, size=numel * 4)
+            self._owner = True
+        self.data = torch.frombuffer(self._shm.buf, dtype=torch.float32,
+                                     count=numel).view(self.shape)
+
+    @property
+    def shared_name(self) -> str | None:
+        return self._shm.name if self._shm is not None else None
+
+    @property
+    def block_bytes(self) -> int:
+        return self.data[0].numel() * 4
+
+    def write(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, keys: torch.Tensor,
+              values: torch.Tensor) -> None:
+        self.data[blocks, layer, 0, offsets] = keys
+        self.data[blocks, layer, 1, offsets] = values
+
+    def read(self, layer: int, table: torch.Tensor, context_tokens: int) -> tuple[torch.Tensor,
+                                                                                 torch.Tensor]:
+        """(keys, values) of the first `context_tokens` positions: [context, kv_heads, dim]."""
+        blocks = self.data[table, layer]  # [n, 2, block_size, kv_heads, dim]
+        kv_heads, dim = blocks.shape[-2:]
+        keys = blocks[:, 0].reshape(-1, kv_heads, dim)[:context_tokens]
+        values = blocks[:, 1].reshape(-1, kv_heads, dim)[:context_tokens]
+        return keys, values
+
+    def run(self, start: int, count: int) -> torch.Tensor:
+        """Blocks [start, start + count) as one contiguous tensor view."""
+        return self.data[start:start + count]
+
+    def close(self) -> None:
+        """Drop this process's mapping; the creator also removes the segment."""
+        if self._shm is None:
+            return
+        del self.data
+        self._shm.close()
+        if self._owner:
+            self._shm.unlink()
+        self._shm = None

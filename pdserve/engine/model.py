@@ -1,0 +1,169 @@
+"""A Llama/Qwen2-family decoder whose attention reads and writes a paged KV pool.
+
+RMSNorm, rotary embeddings (Hugging Face rotate-half convention; default, linear and llama3
+scaling), grouped-query attention, SwiGLU, optional q/k/v biases (Qwen2), tied or untied
+embeddings. Module names equal the Hugging Face parameter names, so a checkpoint's state dict
+loads as is.
+
+One forward runs a packed batch: the new tokens of every sequence (prefill chunks after any
+prior context, and single decode tokens) go through the linear layers together; attention
+runs per sequence over its blocks in the pool. It returns the last position's logits and
+final hidden state (after the last norm) of every sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.kv_pool import PagedKVPool
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: torch.Tensor  # [T] new tokens of all sequences, concatenated
+    positions: torch.Tensor  # [T] their positions in their sequences
+    new_tokens: list[int]  # per sequence
+    context_tokens: list[int]  # per sequence: prior + new
+    block_tables: list[torch.Tensor]  # per sequence: blocks holding its context, in order
+    slot_blocks: torch.Tensor  # [T] block of each new token
+    slot_offsets: torch.Tensor  # [T] offset in that block
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64)
+                                            .float() / dim))
+    scaling = config.rope_scaling
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_context = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_context / high) & ~(wavelen > old_context / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.heads, self.kv_heads, self.head_dim = (config.num_heads, config.num_kv_heads,
+                                                    config.head_dim)
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, pool: PagedKVPool) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        pool.write(self.layer, batch.slot_blocks, batch.slot_offsets, k, v)
+        groups = self.heads // self.kv_heads
+        outputs, start = [], 0
+        for new, context, table in zip(batch.new_tokens, batch.context_tokens,
+                                       batch.block_tables, strict=True):
+            keys, values = pool.read(self.layer, table, context)  # [context, kv_heads, dim]
+            query = q[start:start + new].transpose(0, 1)  # [heads, new, dim]
+            keys = keys.transpose(0, 1).repeat_interleave(groups, dim=0)
+            values = values.transpose(0, 1).repeat_interleave(groups, dim=0)
+            mask = None
+            if new > 1:  # causal, offset by the prior context
+                query_pos = torch.arange(context - new, context).unsqueeze(1)
+                mask = torch.arange(context).unsqueeze(0) <= query_pos
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
+            outputs.append(out.transpose(0, 1).reshape(new, self.heads * self.head_dim))
+            start += new
+        return self.o_proj(torch.cat(outputs))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, pool: PagedKVPool) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, pool)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, pool: PagedKVPool) -> tuple[torch.Tensor,
+                                                                        torch.Tensor]:
+        """(logits [sequences, vocab], hidden [sequences, hidden]) at each last position."""
+        freqs = batch.positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
+        angles = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
+        cos, sin = angles.cos(), angles.sin()
+        x = self.model.embed_tokens(batch.token_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, batch, pool)
+        last = torch.tensor(batch.new_tokens).cumsum(0) - 1
+        hidden = self.model.norm(x[last])
+        return self.lm_head(hidden), hidden

@@ -1,0 +1,211 @@
+"""The live engine: parity with Hugging Face, chunked = one-shot, paged = contiguous, batched
+= alone, KV hand-off across processes and over TCP, sampling and stops."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import socket
+import threading
+
+import pytest
+import torch
+from engine_helpers import greedy, handoff_worker, save_hf_model
+
+from pdserve.engine.allocator import runs
+from pdserve.engine.engine import Engine
+from pdserve.engine.loader import load_model
+from pdserve.engine.sampling import SamplingParams, sample
+from pdserve.engine.transfer import attach_pool, recv_blocks, send_blocks
+from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.types import Request
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny", seed=0)
+
+
+def prompt_of(length: int, vocab: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, vocab) for _ in range(length)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_matches_hugging_face_logits_and_greedy_continuation(tmp_path, family):
+    reference = save_hf_model(family, tmp_path)
+    model, _ = load_model(str(tmp_path))
+    prompt = prompt_of(37, 512, seed=1)
+    with torch.no_grad():
+        expected_logits = reference(torch.tensor([prompt])).logits[0, -1]
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=32,
+                                      do_sample=False)[0, len(prompt):].tolist()
+    engine = Engine(model, None, num_blocks=64)
+    tokens, logits = greedy(engine, 0, prompt, 32)
+    assert torch.allclose(logits, expected_logits, atol=1e-4, rtol=0)
+    assert tokens == expected
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 50])
+def test_chunked_prefill_equals_one_shot(tiny, chunk):
+    model, tokenizer = tiny
+    prompt = prompt_of(83, 2048, seed=2)
+    one_shot, logits = greedy(Engine(model, tokenizer, 64), 0, prompt, 12)
+    chunked, chunked_logits = greedy(Engine(model, tokenizer, 64), 0, prompt, 12, chunk=chunk)
+    assert torch.allclose(chunked_logits, logits, atol=1e-5)
+    assert chunked == one_shot
+
+
+def test_paged_scattered_blocks_equal_contiguous(tiny):
+    model, tokenizer = tiny
+    prompt = prompt_of(150, 2048, seed=3)
+    contiguous_engine = Engine(model, tokenizer, 64)
+    contiguous, logits = greedy(contiguous_engine, 0, prompt, 20)
+    assert len(contiguous_engine.sequences[0].blocks) == 11  # 170 tokens, one run from 0
+    paged = Engine(model, tokenizer, 40)
+    holes = [paged.allocator.allocate(1) for _ in range(40)]
+    for hole in holes[::2]:
+        paged.allocator.free(hole)  # free every other block: only 1-block gaps remain
+    scattered, paged_logits = greedy(paged, 0, prompt, 20)
+    assert len(runs(paged.sequences[0].blocks)) == 11  # every block its own run
+    assert torch.allclose(paged_logits, logits, atol=1e-5)
+    assert scattered == contiguous
+
+
+def test_local_scheduler_batches_give_the_same_tokens_as_running_alone(tiny):
+    """Mixed batches (chunks next to decodes) from the shared local scheduler."""
+    model, tokenizer = tiny
+    prompts = [prompt_of(n, 2048, seed=n) for n in (40, 90, 17, 64)]
+    alone = [greedy(Engine(model, tokenizer, 128), 0, p, 10)[0] for p in prompts]
+    engine = Engine(model, tokenizer, 128)
+    local = LocalScheduler(0, total_blocks=128, chunk_size_tokens=32)
+    for i, prompt in enumerate(prompts):
+        engine.add(i, prompt, SamplingParams(max_tokens=10, ignore_eos=True))
+        local.enqueue_prefill(Request(i, 0.0, len(prompt), 10))
+    mixed = 0
+    while (plan := local.plan()) is not None:
+        mixed += bool(plan.decodes and plan.chunks)
+        outputs = engine.execute(plan)
+        result = local.complete(plan, stopped=frozenset(
+            o.request_id for o in outputs if o.finish_reason))
+        for request in result.prefilled:
+            local.continue_in_place(request)
+    assert mixed > 0
+    assert [engine.sequences[i].generated for i in range(4)] == alone
+
+
+def test_kv_handoff_between_processes_continues_exactly(tiny):
+    """Prefill in a child process, copy the KV from its shared pool into ours, decode here
+    with sampling: the same tokens as the child decoding in place (generator state moves
+    with the sequence)."""
+    model, tokenizer = tiny
+    prompt = prompt_of(70, 2048, seed=4)
+    context = multiprocessing.get_context("spawn")
+    parent_end, child_end = context.Pipe()
+    child_pool = f"pdserve-test-{os.getpid()}-child"
+    child = context.Process(target=handoff_worker, args=(child_end, child_pool, prompt, False))
+    child.start()
+    engine = Engine(model, tokenizer, 64, shared_name=f"pdserve-test-{os.getpid()}-parent")
+    try:
+        engine.allocator.allocate(9)  # so our blocks differ from the child's
+        handoff = parent_end.recv()
+        source = attach_pool(handoff.pool_name, engine.pool)
+        copies = engine.import_from(handoff, source)
+        source.close()
+        parent_end.send("copied")
+        assert copies == 1  # 70 tokens: one run on each side
+        while not engine.sequences[7].finish_reason:
+            engine.run([7], [])
+        in_place = parent_end.recv()
+        assert engine.sequences[7].generated == in_place
+        assert len(in_place) == 16
+    finally:
+        parent_end.send("done")
+        child.join(timeout=60)
+        engine.pool.close()
+    assert child.exitcode == 0
+
+
+def test_kv_stream_over_loopback_tcp(tiny):
+    model, tokenizer = tiny
+    prompt = prompt_of(100, 2048, seed=5)
+    sender = Engine(model, tokenizer, 64)
+    reference = greedy(Engine(model, tokenizer, 64), 3, prompt, 10)[0]
+    sender.add(3, prompt, SamplingParams(max_tokens=10, ignore_eos=True))
+    sender.run([], [(3, len(prompt))])
+    handoff = sender.export(3)
+    receiver = Engine(model, tokenizer, 64)
+    receiver.allocator.allocate(5)
+    target_blocks = receiver.adopt(handoff)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            send_blocks(connection, sender.pool, list(handoff.blocks))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        recv_blocks(client, receiver.pool, target_blocks)
+    thread.join(timeout=30)
+    listener.close()
+    while not receiver.sequences[3].finish_reason:
+        receiver.run([3], [])
+    assert receiver.sequences[3].generated == reference
+
+
+def test_sampling_is_seeded_and_top_p_keeps_the_nucleus():
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
+    params = SamplingParams(temperature=1.0, top_p=1.0, seed=1)
+    draws = [sample(logits, params, torch.Generator().manual_seed(5)) for _ in range(3)]
+    assert len(set(draws)) == 1  # same seed, same draw
+    many = {sample(logits, params, torch.Generator().manual_seed(s)) for s in range(200)}
+    assert many == {0, 1, 2, 3, 4}
+    nucleus = {sample(logits, SamplingParams(temperature=1.0, top_p=0.7),
+                      torch.Generator().manual_seed(s)) for s in range(200)}
+    assert nucleus == {0, 4}  # p(4)=0.63, then 0 brings the mass past 0.7
+    assert sample(logits, SamplingParams(), None) == 4
+
+
+def test_stops_on_eos_stop_string_and_length(tiny):
+    model, tokenizer = tiny
+    prompt = tokenizer.encode("Hello")
+    engine = Engine(model, tokenizer, 64)
+    engine.add(0, prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+    engine.run([], [(0, len(prompt))])
+    while not engine.sequences[0].finish_reason:
+        engine.run([0], [])
+    assert engine.sequences[0].finish_reason == "length" and len(engine.sequences[0].generated) == 5
+    full_text = engine.text_of(0)
+    stop = full_text[2:4]
+    engine.add(1, prompt, SamplingParams(max_tokens=5, stop=(stop,), ignore_eos=True))
+    engine.run([], [(1, len(prompt))])
+    while not engine.sequences[1].finish_reason:
+        engine.run([1], [])
+    assert engine.sequences[1].finish_reason == "stop"
+    assert engine.text_of(1) == full_text[:full_text.find(stop)]
+    first = engine.sequences[0].generated[0]
+    model.config.__dict__["eos_token_ids"] = (first,)  # pretend the first token is EOS
+    try:
+        engine.add(2, prompt, SamplingParams(max_tokens=5))
+        [output] = engine.run([], [(2, len(prompt))])
+        assert output.finish_reason == "stop"
+    finally:
+        model.config.__dict__["eos_token_ids"] = tokenizer.eos_token_ids
+
+
+def test_bad_requests_are_refused_clearly(tiny):
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, 8)
+    with pytest.raises(ValueError, match="exceeds the context length"):
+        engine.add(0, [5] * 8000, SamplingParams(max_tokens=500))
+    with pytest.raises(ValueError, match="max_tokens must be at least 1"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="not a Hugging Face checkpoint"):
+        load_model(str(os.path.dirname(__file__)))
