@@ -1,4 +1,5 @@
-"""Command line: `pdserve simulate` (the live commands arrive with the live issues)."""
+"""Command line: `pdserve simulate` and `pdserve profile` (serve and bench come with the
+live serving issue)."""
 
 from __future__ import annotations
 
@@ -143,11 +144,52 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile", help="measure a live engine and write a fitted performance model",
+        description="Measure prefill and decode step times (one torch thread) and KV copy "
+        "speed of a model on this machine, fit the simulator's performance model, and write it "
+        "as JSON for `pdserve simulate --perf-model`.")
+    p.add_argument("--model", default="tiny", help="named model (tiny, small) or a Hugging "
+                   "Face checkpoint directory [tiny]")
+    p.add_argument("--kv-blocks", type=int, default=4096,
+                   help="KV pool size in blocks of 16 tokens [4096]")
+    p.add_argument("--out", type=Path, default=Path("perf-model.json"),
+                   help="where to write the model [perf-model.json]")
+    p.add_argument("--quick", action="store_true", help="a smaller grid (seconds, not minutes)")
+    p.set_defaults(handler=_run_profile)
+
+
+def _run_profile(args: argparse.Namespace) -> int:
+    try:
+        from pdserve.engine.profile import QUICK_GRID, ProfileGrid, profile_engine
+    except ImportError as err:
+        raise ValueError(f"profiling needs the engine extra (pip install 'pdserve[engine]'): "
+                         f"{err}") from err
+    if args.kv_blocks < 1:
+        raise ValueError(f"--kv-blocks must be positive, got {args.kv_blocks}")
+    grid = QUICK_GRID if args.quick else ProfileGrid()
+    model = profile_engine(args.model, args.kv_blocks, grid,
+                           lambda message: print(f"  {message}", flush=True))
+    model.save(args.out)
+    p, d, t = model.prefill, model.decode, model.transfer
+    print(f"prefill  {p.intercept_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us/token + "
+          f"{p.per_attn_unit_s * 1e9:.3f} ns/attn unit   R2 {p.r2:.4f}")
+    print(f"decode   {d.intercept_s * 1e3:.3f} ms + {d.per_seq_s * 1e6:.1f} us/seq + "
+          f"{d.per_context_token_s * 1e9:.1f} ns/context token (batch-1 "
+          f"{d.batch1_extra_s * 1e3:+.3f} ms)   R2 {d.r2:.4f}")
+    print(f"transfer {t.per_call_s * 1e6:.2f} us/copy + {t.bytes_per_s / 1e9:.2f} GB/s   "
+          f"R2 {t.r2:.4f}")
+    print(f"wrote {args.out} (KV capacity {model.kv_capacity_tokens} tokens)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pdserve", description="Serve LLMs with adaptive "
                                      "prefill/decode disaggregation; simulate policies on traces.")
     sub = parser.add_subparsers(dest="command", required=True)
     _simulate_parser(sub)
+    _profile_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

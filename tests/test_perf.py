@@ -90,7 +90,7 @@ def test_roofline_capacity_and_regimes():
 def test_every_paper_setup_builds_a_good_fit(model: str, gpu: str):
     fitted = perf_model(model, gpu)
     assert fitted.kv_capacity_tokens > 50_000
-    assert fitted.prefill.r2 > 0.99 and fitted.decode.r2 > 0.85
+    assert fitted.prefill.r2 > 0.98 and fitted.decode.r2 > 0.85
 
 
 def test_unknown_names_and_bad_tp_are_clear():

@@ -133,6 +133,14 @@ class Engine:
         batch = ForwardBatch(torch.tensor(token_ids), torch.tensor(positions), new_tokens,
                              contexts, tables, torch.tensor(slot_blocks),
                              torch.tensor(slot_offsets))
+        if decodes:  # decodes come first in `work`: batch their attention
+            width = max(len(table) for table in tables[:len(decodes)])
+            padded = torch.zeros(len(decodes), width, dtype=torch.long)
+            for row, table in enumerate(tables[:len(decodes)]):
+                padded[row, :len(table)] = table
+            batch.num_decodes = len(decodes)
+            batch.decode_tables = padded
+            batch.decode_context = torch.tensor(contexts[:len(decodes)])
         logits, hidden = self.model(batch, self.pool)
         outputs = []
         for index, (sequence, count) in enumerate(work):

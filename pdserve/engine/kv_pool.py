@@ -55,10 +55,9 @@ class PagedKVPool:
     def read(self, layer: int, table: torch.Tensor, context_tokens: int) -> tuple[torch.Tensor,
                                                                                  torch.Tensor]:
         """(keys, values) of the first `context_tokens` positions: [context, kv_heads, dim]."""
-        blocks = self.data[table, layer]  # [n, 2, block_size, kv_heads, dim]
-        kv_heads, dim = blocks.shape[-2:]
-        keys = blocks[:, 0].reshape(-1, kv_heads, dim)[:context_tokens]
-        values = blocks[:, 1].reshape(-1, kv_heads, dim)[:context_tokens]
+        kv_heads, dim = self.shape[-2:]
+        keys = self.data[table, layer, 0].view(-1, kv_heads, dim)[:context_tokens]
+        values = self.data[table, layer, 1].view(-1, kv_heads, dim)[:context_tokens]
         return keys, values
 
     def run(self, start: int, count: int) -> torch.Tensor:

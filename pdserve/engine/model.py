@@ -26,6 +26,9 @@ from pdserve.engine.kv_pool import PagedKVPool
 
 @dataclass
 class ForwardBatch:
+    """The first `num_decodes` sequences are single-token decodes; their attention runs as
+    one padded call over `decode_tables` ([decodes, blocks], padding masked by context)."""
+
     token_ids: torch.Tensor  # [T] new tokens of all sequences, concatenated
     positions: torch.Tensor  # [T] their positions in their sequences
     new_tokens: list[int]  # per sequence
@@ -33,6 +36,9 @@ class ForwardBatch:
     block_tables: list[torch.Tensor]  # per sequence: blocks holding its context, in order
     slot_blocks: torch.Tensor  # [T] block of each new token
     slot_offsets: torch.Tensor  # [T] offset in that block
+    num_decodes: int = 0
+    decode_tables: torch.Tensor | None = None  # [decodes, max blocks], zero-padded
+    decode_context: torch.Tensor | None = None  # [decodes]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -93,22 +99,48 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         pool.write(self.layer, batch.slot_blocks, batch.slot_offsets, k, v)
-        groups = self.heads // self.kv_heads
-        outputs, start = [], 0
-        for new, context, table in zip(batch.new_tokens, batch.context_tokens,
-                                       batch.block_tables, strict=True):
+        outputs = []
+        decodes = batch.num_decodes
+        if decodes:
+            outputs.append(self._decode_attention(q[:decodes], batch, pool))
+        start = decodes
+        for new, context, table in zip(batch.new_tokens[decodes:],
+                                       batch.context_tokens[decodes:],
+                                       batch.block_tables[decodes:], strict=True):
             keys, values = pool.read(self.layer, table, context)  # [context, kv_heads, dim]
-            query = q[start:start + new].transpose(0, 1)  # [heads, new, dim]
-            keys = keys.transpose(0, 1).repeat_interleave(groups, dim=0)
-            values = values.transpose(0, 1).repeat_interleave(groups, dim=0)
-            mask = None
-            if new > 1:  # causal, offset by the prior context
+            # 4-D [1, heads, tokens, dim] inputs take torch's fused CPU kernel (5x the 3-D
+            # path); enable_gqa shares each KV head across its query heads without copies
+            query = q[start:start + new].transpose(0, 1).unsqueeze(0)
+            keys = keys.transpose(0, 1).unsqueeze(0)
+            values = values.transpose(0, 1).unsqueeze(0)
+            if new == context:  # a prefill with no prior context
+                out = F.scaled_dot_product_attention(query, keys, values, is_causal=True,
+                                                     enable_gqa=True)
+            else:  # causal, offset by the prior context
                 query_pos = torch.arange(context - new, context).unsqueeze(1)
                 mask = torch.arange(context).unsqueeze(0) <= query_pos
-            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
-            outputs.append(out.transpose(0, 1).reshape(new, self.heads * self.head_dim))
+                out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask,
+                                                     enable_gqa=True)
+            outputs.append(out[0].transpose(0, 1).reshape(new, self.heads * self.head_dim))
             start += new
         return self.o_proj(torch.cat(outputs))
+
+
+    def _decode_attention(self, q: torch.Tensor, batch: ForwardBatch,
+                          pool: PagedKVPool) -> torch.Tensor:
+        """One query per sequence against its padded context, in a single call."""
+        assert batch.decode_tables is not None and batch.decode_context is not None
+        decodes, tables = q.shape[0], batch.decode_tables
+        # one gather each for K and V ([d, n, block, kv_heads, dim], contiguous) and views
+        keys = pool.data[tables, self.layer, 0].view(decodes, -1, self.kv_heads, self.head_dim)
+        values = pool.data[tables, self.layer, 1].view(decodes, -1, self.kv_heads,
+                                                        self.head_dim)
+        width = keys.shape[1]
+        mask = torch.arange(width).unsqueeze(0) < batch.decode_context.unsqueeze(1)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=mask[:, None, None, :], enable_gqa=True)  # [d, heads, 1, dim]
+        return out.reshape(decodes, self.heads * self.head_dim)
 
 
 class MLP(nn.Module):

@@ -4,6 +4,11 @@ Samples are plain tuples so a profiler (live engine) or a model (roofline) can p
   prefill   (new_tokens, prior_tokens, seconds)     one request's chunk per sample
   decode    (batch_size, context_tokens, seconds)   one step per sample
   transfer  (bytes, calls, seconds)
+Samples span orders of magnitude (a 16-token chunk to a 2048-token one), so the fit
+minimises relative error (each row weighted by 1/seconds), and every coefficient that is a
+cost (all but the batch-1 adjustment) is kept non-negative by an active-set loop: a
+negative one is pinned to 0 and the rest refitted, so no prediction can go negative. R^2 is
+reported on the unweighted residuals.
 """
 
 from __future__ import annotations
@@ -16,9 +21,22 @@ from pdserve.perf.fitted import DecodeCoeffs, PrefillCoeffs, TransferCoeffs
 from pdserve.types import attn_units
 
 
-def _least_squares(columns: list[np.ndarray], target: np.ndarray) -> tuple[np.ndarray, float]:
+def _least_squares(columns: list[np.ndarray], target: np.ndarray,
+                   free: frozenset[int] = frozenset()) -> tuple[np.ndarray, float]:
+    """Relative-error least squares with coefficients >= 0 except those in `free`."""
     design = np.column_stack(columns)
-    coeffs, *_ = np.linalg.lstsq(design, target, rcond=None)
+    weights = 1.0 / np.maximum(target, 1e-12)
+    active = list(range(design.shape[1]))
+    coeffs = np.zeros(design.shape[1])
+    while active:
+        solution, *_ = np.linalg.lstsq(design[:, active] * weights[:, None], target * weights,
+                                       rcond=None)
+        negative = [i for i, c in zip(active, solution, strict=True) if c < 0 and i not in free]
+        if not negative:
+            coeffs[:] = 0.0
+            coeffs[active] = solution
+            break
+        active.remove(min(negative, key=lambda i: solution[active.index(i)]))
     residual = target - design @ coeffs
     total = float(((target - target.mean()) ** 2).sum())
     r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else 1.0
@@ -50,7 +68,7 @@ def fit_decode(samples: Sequence[tuple[float, float, float]]) -> DecodeCoeffs:
     columns = [np.ones_like(batch), batch, context]
     if 0 < batch1.sum() < len(batch):
         columns.append(batch1)
-    coeffs, r2 = _least_squares(columns, seconds)
+    coeffs, r2 = _least_squares(columns, seconds, free=frozenset({3}))
     extra = float(coeffs[3]) if len(coeffs) == 4 else 0.0
     return DecodeCoeffs(float(coeffs[0]), float(coeffs[1]), float(coeffs[2]), extra, r2)
 
@@ -61,4 +79,4 @@ def fit_transfer(samples: Sequence[tuple[float, float, float]]) -> TransferCoeff
     (alpha, inv_beta), r2 = _least_squares([calls, num_bytes], seconds)
     if inv_beta <= 0:
         raise ValueError("transfer samples do not grow with size; cannot fit a bandwidth")
-    return TransferCoeffs(float(max(alpha, 0.0)), float(1.0 / inv_beta), r2)
+    return TransferCoeffs(float(alpha), float(1.0 / inv_beta), r2)

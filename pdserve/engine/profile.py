@@ -1,0 +1,119 @@
+"""Profile a live engine and fit the simulator's performance model to it.
+
+Measures, with one torch thread (as a worker runs):
+  prefill   one chunk of n new tokens after p prior tokens, over a grid of (n, p)
+  decode    one step of B sequences of c context tokens each, over a grid of (B, c)
+  transfer  copies between two shared-memory pools (runs of 1 block up to a whole sequence)
+Each point is the median of `repeats` runs after a warm-up. The fits (`pdserve.perf.fit`)
+and their R^2 go into a `PerfModel` file, which `pdserve simulate --perf-model` and Arrow's
+TTFT predictor load.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.engine.engine import Engine
+from pdserve.engine.kv_pool import PagedKVPool
+from pdserve.engine.loader import load_model
+from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.transfer import copy_aligned
+from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
+from pdserve.perf.fitted import PerfModel
+from pdserve.types import KV_BLOCK_TOKENS
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    prefill_tokens: tuple[int, ...] = (16, 64, 128, 256, 512, 1024, 2048)
+    prior_tokens: tuple[int, ...] = (0, 512, 2048)
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    context_per_sequence: tuple[int, ...] = (64, 256, 1024)
+    transfer_blocks: tuple[int, ...] = (1, 8, 64, 256)
+    repeats: int = 3
+
+
+QUICK_GRID = ProfileGrid(prefill_tokens=(16, 128, 512), prior_tokens=(0, 256),
+                         batch_sizes=(1, 2, 8), context_per_sequence=(64, 256),
+                         transfer_blocks=(1, 16, 64), repeats=2)
+
+
+def _median(times: list[float]) -> float:
+    return statistics.median(times[1:])  # the first run is a warm-up
+
+
+def profile_engine(model_name: str, kv_blocks: int = 4096, grid: ProfileGrid = ProfileGrid(),
+                   progress: Callable[[str], None] | None = None) -> PerfModel:
+    torch.set_num_threads(1)
+    model, tokenizer = load_model(model_name)
+    say = progress or (lambda message: None)
+    params = SamplingParams(max_tokens=4096, ignore_eos=True)
+
+    def engine_with(sequences: int, prefilled_tokens: int, extra_tokens: int = 0) -> Engine:
+        """A fresh engine holding `sequences` sequences with their first tokens computed."""
+        engine = Engine(model, tokenizer, kv_blocks)
+        for rid in range(sequences):
+            engine.add(rid, [5] * (prefilled_tokens + extra_tokens), params)
+            if prefilled_tokens:
+                engine.run([], [(rid, prefilled_tokens)])
+        return engine
+
+    prefill = []
+    for prior in grid.prior_tokens:
+        for new in grid.prefill_tokens:
+            times = []
+            for _ in range(grid.repeats + 1):
+                engine = engine_with(1, prior, new)
+                start = time.perf_counter()
+                engine.run([], [(0, new)])
+                times.append(time.perf_counter() - start)
+            prefill.append((new, prior, _median(times)))
+        say(f"prefill after {prior} prior tokens: done")
+    decode = []
+    for batch in grid.batch_sizes:
+        for context in grid.context_per_sequence:
+            engine = engine_with(batch, context)
+            times = []
+            for _ in range(grid.repeats + 1):
+                start = time.perf_counter()
+                engine.run(list(range(batch)), [])
+                times.append(time.perf_counter() - start)
+            decode.append((batch, batch * (context + 1), _median(times)))
+        say(f"decode batch {batch}: done")
+    transfer = _profile_transfer(Engine(model, None, 1), grid)
+    say("transfer: done")
+    return PerfModel(name=f"{model_name} (profiled, 1 thread)", prefill=fit_prefill(prefill),
+                     decode=fit_decode(decode), transfer=fit_transfer(transfer),
+                     kv_bytes_per_token=model.config.kv_bytes_per_token,
+                     kv_capacity_tokens=kv_blocks * KV_BLOCK_TOKENS)
+
+
+def _profile_transfer(engine: Engine, grid: ProfileGrid) -> list[tuple[float, float, float]]:
+    """Copies between two shared-memory pools, as one aligned run and block by block:
+    (bytes, copies, seconds)."""
+    config, size = engine.model.config, max(grid.transfer_blocks)
+    source, target = (
+        PagedKVPool(size, config.num_layers, config.num_kv_heads, config.head_dim,
+                    shared_name=f"pdserve-profile-{os.getpid()}-{side}")
+        for side in ("source", "target"))
+    samples = []
+    try:
+        for blocks in grid.transfer_blocks:
+            ordered = list(range(blocks))
+            for target_blocks in (ordered, ordered[::-1]):  # 1 copy, then `blocks` copies
+                times, copies = [], 0
+                for _ in range(grid.repeats + 1):
+                    start = time.perf_counter()
+                    copies = copy_aligned(source, target, ordered, target_blocks)
+                    times.append(time.perf_counter() - start)
+                samples.append((blocks * source.block_bytes, copies, _median(times)))
+    finally:
+        source.close()
+        target.close()
+    return samples
