@@ -138,9 +138,9 @@ def test_static_pd_and_colocated_differ_sanely_on_a_real_trace_clip():
 
 
 def test_arrow_beats_min_load_on_a_bursty_real_trace():
-    """Azure code, first 10 minutes at 10x: bursts overload 4 prefill instances; Arrow
+    """Azure code, first 10 minutes at 14x: bursts overload 4 prefill instances; Arrow
     flips decode instances to prefill and meets the SLOs where the fixed 4P4D split misses."""
-    base = SimConfig(trace="azure-code", duration_s=600, rate_scale=10, ttft_slo_s=3,
+    base = SimConfig(trace="azure-code", duration_s=600, rate_scale=14, ttft_slo_s=3,
                      tpot_slo_s=0.1)
     summaries, flips = {}, {}
     for policy in ("arrow", "min-load"):
