@@ -14,6 +14,21 @@ import torch
 from pdserve.types import KV_BLOCK_TOKENS
 
 
+def _attach_untracked(name: str) -> shared_memory.SharedMemory:
+    """Map an existing segment without registering it with this process's resource tracker.
+
+    The creator owns (and unlinks) the segment. On Python < 3.13 attaching registers it too,
+    and a tracker would then unlink it when the attaching process exits, or (when spawned
+    processes share one tracker) fail when the creator unregisters it. 3.13's `track=False`
+    does what this does."""
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register  # type: ignore[assignment]
+
+
 class PagedKVPool:
     def __init__(self, num_blocks: int, num_layers: int, kv_heads: int, head_dim: int,
                  block_size: int = KV_BLOCK_TOKENS, shared_name: str | None = None,
@@ -30,9 +45,7 @@ class PagedKVPool:
             self.data = torch.zeros(self.shape, dtype=torch.float32)
             return
         if attach:
-            self._shm = shared_memory.SharedMemory(name=shared_name)
-            # the creating process owns the segment; do not let this one's tracker unlink it
-            resource_tracker.unregister(self._shm._name, "shared_memory")  # type: ignore[attr-defined]
+            self._shm = _attach_untracked(shared_name)
         else:
             self._shm = shared_memory.SharedMemory(name=shared_name, create=True, size=numel * 4)
             self._owner = True

@@ -1,0 +1,196 @@
+"""Live engine speed: decode throughput against Hugging Face, KV transfer, copy counts.
+
+1. Decode tokens/s of the `tiny` model at batch 1, 8 and 32 (32-token prompts, 64 new
+   tokens, greedy, one torch thread), pdserve's engine and Hugging Face `generate` on the
+   same weights, side by side; the ratio is pdserve / HF.
+2. KV transfer between two processes through the shared-memory pool: a 1024-block
+   sequence (64 MiB for tiny) copied as one aligned run, and block by block. Target:
+   >= 5 GB/s.
+3. Copy operations per transfer after realistic allocator churn (sequences growing and
+   finishing on both instances): with FlowKV alignment, one copy per block (paged layout
+   with all layers in a block), and one per block per layer per K/V (the layout FlowKV
+   replaces).
+
+    python bench/engine_speed.py
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import statistics
+import time
+
+import torch
+
+from pdserve.engine.allocator import SegmentAllocator, align
+from pdserve.engine.engine import Engine
+from pdserve.engine.kv_pool import PagedKVPool
+from pdserve.engine.loader import load_model
+from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.transfer import attach_pool, copy_aligned, copy_per_block
+
+PROMPT, NEW = 32, 64
+TRANSFER_BLOCKS = 1024
+
+
+def hf_twin(model):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = model.config
+    hf = LlamaForCausalLM(LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta))
+    hf.load_state_dict(model.state_dict())
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf.eval()
+
+
+def pdserve_decode(model, tokenizer, prompts: list[list[int]]) -> tuple[float, list]:
+    engine = Engine(model, tokenizer, 4096)
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add(i, prompt, SamplingParams(max_tokens=NEW, ignore_eos=True))
+    engine.run([], [(i, PROMPT) for i in range(len(prompts))])
+    for _ in range(NEW - 1):
+        engine.run(list(range(len(prompts))), [])
+    return time.perf_counter() - start, [engine.sequences[i].generated for i in range(len(prompts))]
+
+
+def hf_decode(hf, prompts: list[list[int]]) -> tuple[float, list]:
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(prompts), max_new_tokens=NEW, min_new_tokens=NEW,
+                          do_sample=False)
+    return time.perf_counter() - start, out[:, PROMPT:].tolist()
+
+
+def decode_table() -> None:
+    model, tokenizer = load_model("tiny")
+    hf = hf_twin(model)
+    rng = random.Random(0)
+    print(f"decode, tiny, {PROMPT}-token prompts, {NEW} new tokens, greedy, 1 thread")
+    print(f"{'batch':>5}{'pdserve tok/s':>15}{'HF tok/s':>10}{'ratio':>7}{'same tokens':>13}")
+    for batch in (1, 8, 32):
+        prompts = [[rng.randrange(3, 2000) for _ in range(PROMPT)] for _ in range(batch)]
+        pdserve_decode(model, tokenizer, prompts[:1])  # warm-up
+        hf_decode(hf, prompts[:1])
+        ours = [pdserve_decode(model, tokenizer, prompts) for _ in range(3)]
+        theirs = [hf_decode(hf, prompts) for _ in range(3)]
+        ours_s = statistics.median(t for t, _ in ours)
+        theirs_s = statistics.median(t for t, _ in theirs)
+        same = ours[0][1] == theirs[0][1]
+        print(f"{batch:>5}{batch * NEW / ours_s:>15.0f}{batch * NEW / theirs_s:>10.0f}"
+              f"{theirs_s / ours_s:>7.2f}{str(same):>13}")
+
+
+def transfer_source(name: str, shape: tuple, ready, done) -> None:
+    """Child: a shared pool filled with data, kept alive until the parent is done."""
+    blocks, layers, _, block_size, kv_heads, dim = shape
+    pool = PagedKVPool(blocks, layers, kv_heads, dim, block_size, shared_name=name)
+    pool.data.normal_()
+    ready.set()
+    done.wait(120)
+    pool.close()
+
+
+def transfer_table() -> None:
+    model, _ = load_model("tiny")
+    c = model.config
+    target = PagedKVPool(TRANSFER_BLOCKS, c.num_layers, c.num_kv_heads, c.head_dim)
+    context = multiprocessing.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    name = f"pdserve-bench-{os.getpid()}"
+    child = context.Process(target=transfer_source, args=(name, target.shape, ready, done))
+    child.start()
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("the source process did not start")
+        source = attach_pool(name, target)
+        blocks = list(range(TRANSFER_BLOCKS))
+        size = TRANSFER_BLOCKS * target.block_bytes
+        print(f"\nKV transfer between two processes, {TRANSFER_BLOCKS} blocks = "
+              f"{size / 2**20:.0f} MiB of tiny's KV")
+        for label, copy in (("aligned (1 copy)", copy_aligned),
+                            (f"per block ({TRANSFER_BLOCKS} copies)", copy_per_block)):
+            times = []
+            for _ in range(6):
+                start = time.perf_counter()
+                copy(source, target, blocks, blocks)
+                times.append(time.perf_counter() - start)
+            seconds = statistics.median(times[1:])
+            print(f"  {label:<24} {seconds * 1e3:7.2f} ms  {size / seconds / 1e9:6.2f} GB/s")
+        assert torch.equal(source.data, target.data)
+        source.close()
+    finally:
+        done.set()
+        child.join(60)
+
+
+def prefill_scenario(rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    """P->D hand-offs: prompts allocated whole on a churned sender and receiver."""
+    sender, receiver = SegmentAllocator(4096), SegmentAllocator(4096)
+    for allocator in (sender, receiver):
+        live: dict[int, list[int]] = {}
+        for _ in range(3000):
+            if live and (rng.random() < 0.3 or allocator.free_blocks < 40):
+                allocator.free(live.pop(rng.choice(list(live))))
+            else:
+                owned = live.setdefault(rng.randrange(200), [])
+                count = min(rng.randint(1, 12), allocator.free_blocks)
+                owned += allocator.allocate(count, after=owned[-1] if owned else None)
+    pairs = []
+    for _ in range(200):
+        length = rng.randint(1, 64)
+        src, dst = sender.allocate(length), receiver.allocate(length)
+        pairs.append((src, dst))
+        sender.free(src)
+        receiver.free(dst)
+    return pairs
+
+
+def decode_growth_scenario(rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    """Moves of running decodes (ARES-style migration): 64 sequences start with a prompt
+    and then grow one block at a time, interleaved, on both sides."""
+    pairs = []
+    for _ in range(4):
+        sides = []
+        for _ in range(2):
+            allocator = SegmentAllocator(4096)
+            sequences = [allocator.allocate(rng.randint(1, 16)) for _ in range(64)]
+            for _ in range(20):
+                for blocks in sequences:
+                    if rng.random() < 0.5:
+                        blocks += allocator.allocate(1, after=blocks[-1])
+            sides.append(sequences)
+        for src, dst in zip(*sides, strict=True):
+            size = min(len(src), len(dst))
+            pairs.append((src[:size], dst[:size]))
+    return pairs
+
+
+def copies_table() -> None:
+    rng = random.Random(1)
+    layers = 4
+    print(f"\ncopy operations per transfer (tiny has {layers} layers)")
+    print(f"{'scenario':<34}{'aligned':>9}{'per block':>11}{'per block per layer':>21}")
+    for label, pairs in (("P->D after prefill (churned pools)", prefill_scenario(rng)),
+                         ("running decode, grown interleaved", decode_growth_scenario(rng))):
+        aligned = statistics.mean(len(align(src, dst)) for src, dst in pairs)
+        per_block = statistics.mean(len(src) for src, _ in pairs)
+        print(f"{label:<34}{aligned:>9.2f}{per_block:>11.2f}{per_block * layers * 2:>21.2f}")
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    decode_table()
+    transfer_table()
+    copies_table()
+
+
+if __name__ == "__main__":
+    main()
