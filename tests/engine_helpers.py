@@ -11,7 +11,7 @@ from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
 
 
-def save_hf_model(family: str, path: Path, seed: int = 0):
+def save_hf_model(family: str, path: Path, seed: int = 0, max_shard_size: str | None = None):
     """A random-init Hugging Face model saved with save_pretrained; returns it (eval)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -33,7 +33,10 @@ def save_hf_model(family: str, path: Path, seed: int = 0):
                     proj.bias.normal_(0, 0.1)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
-    model.save_pretrained(path)
+    if max_shard_size:
+        model.save_pretrained(path, max_shard_size=max_shard_size)
+    else:
+        model.save_pretrained(path)
     return model.eval()
 
 

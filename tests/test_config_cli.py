@@ -9,6 +9,7 @@ import pytest
 
 from pdserve.cli import main
 from pdserve.config import SimConfig
+from pdserve.perf.fitted import PerfModel
 
 
 def test_unknown_field_is_named_with_a_suggestion():
@@ -69,3 +70,20 @@ def test_bad_input_exits_2_with_a_clear_message(capsys):
     assert "unknown model 'gpt-9'" in capsys.readouterr().err
     assert main(["simulate", "--trace", "azure-conv", "--start", "99999", "--no-progress"]) == 2
     assert "no requests in the chosen window" in capsys.readouterr().err
+
+
+def test_profile_writes_a_model_the_simulator_loads(tmp_path, capsys):
+    out = tmp_path / "tiny.json"
+    assert main(["profile", "--model", "tiny", "--quick", "--kv-blocks", "256",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "R2" in printed and f"wrote {out}" in printed
+    model = PerfModel.load(out)
+    assert model.kv_capacity_tokens == 256 * 16
+    assert model.prefill.per_token_s > 0 and model.decode.intercept_s > 0
+    assert model.prefill.time_s(2048, 2048 * 2048) > model.prefill.time_s(16, 256) > 0
+    assert main(["simulate", "--trace", "synthetic", "--synthetic-requests", "30",
+                 "--synthetic-rate", "0.5", "--synthetic-lengths", "fixed:64:8",
+                 "--perf-model", str(out), "--policy", "colocated", "--instances", "2",
+                 "--no-progress"]) == 0
+    assert "requests 30  completed 30" in capsys.readouterr().out

@@ -14,6 +14,7 @@ import torch
 from engine_helpers import greedy, handoff_worker, save_hf_model
 
 from pdserve.engine.allocator import runs
+from pdserve.engine.config import named_config
 from pdserve.engine.engine import Engine
 from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams, sample
@@ -47,6 +48,31 @@ def test_matches_hugging_face_logits_and_greedy_continuation(tmp_path, family):
     tokens, logits = greedy(engine, 0, prompt, 32)
     assert torch.allclose(logits, expected_logits, atol=1e-4, rtol=0)
     assert tokens == expected
+
+
+def test_loads_a_sharded_checkpoint(tmp_path):
+    reference = save_hf_model("llama", tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    model, _ = load_model(str(tmp_path))
+    prompt = prompt_of(20, 512, seed=9)
+    with torch.no_grad():
+        expected = reference(torch.tensor([prompt])).logits[0, -1]
+    _, logits = greedy(Engine(model, None, 16), 0, prompt, 1)
+    assert torch.allclose(logits, expected, atol=1e-4, rtol=0)
+
+
+def test_named_models_have_the_documented_shapes(tiny):
+    model, tokenizer = tiny
+    config = model.config
+    assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads) == \
+        (256, 4, 4, 2)
+    assert config.vocab_size == tokenizer.vocab_size == 2048
+    small = named_config("small", tokenizer.vocab_size, tokenizer.eos_token_ids)
+    assert (small.hidden_size, small.num_layers, small.num_heads, small.num_kv_heads) == \
+        (1024, 8, 16, 4)
+    with pytest.raises(ValueError, match="unknown model 'huge'"):
+        load_model("huge")
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 16, 50])
