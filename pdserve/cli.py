@@ -1,5 +1,4 @@
-"""Command line: `pdserve simulate` and `pdserve profile` (serve and bench come with the
-live serving issue)."""
+"""Command line: `pdserve simulate`, `pdserve profile` and `pdserve serve`."""
 
 from __future__ import annotations
 
@@ -184,12 +183,60 @@ def _run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Start worker processes (one torch thread each) and an OpenAI-compatible "
+        "server whose global scheduler runs the same policies as the simulator.")
+    p.add_argument("--model", default="tiny", help="named model (tiny, small) or a Hugging "
+                   "Face checkpoint directory [tiny]")
+    p.add_argument("--instances", type=int, default=4, help="worker processes [4]")
+    p.add_argument("--policy", choices=list(PRESETS), default="colocated", help="[colocated]")
+    p.add_argument("--prefill", type=int, help="prefill instances (disaggregated presets)")
+    p.add_argument("--decode", type=int, help="decode instances (disaggregated presets)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address [127.0.0.1]")
+    p.add_argument("--port", type=int, default=8000, help="[8000]")
+    p.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--kv-blocks", type=int, default=2048, help="KV blocks per worker [2048]")
+    p.add_argument("--chunk-size", type=int, default=512, help="token budget per step [512]")
+    p.add_argument("--max-batch-size", type=int, default=64, help="[64]")
+    p.add_argument("--max-outstanding", type=int, default=256,
+                   help="requests in flight before answering 429 [256]")
+    p.add_argument("--ttft-slo", type=float, default=2.0, help="seconds, for SLO-aware "
+                   "policies [2]")
+    p.add_argument("--tpot-slo", type=float, default=0.2, help="seconds [0.2]")
+    p.add_argument("--perf-model", default="", help="a `pdserve profile` file (default: a "
+                   "quick profile at start)")
+    p.set_defaults(handler=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from pdserve.server.launch import ServeConfig, build_app
+    except ImportError as err:
+        raise ValueError(f"serving needs the serve extra (pip install 'pdserve[serve]'): "
+                         f"{err}") from err
+    prefill = args.prefill or max(1, args.instances // 2)
+    decode = args.decode or max(1, args.instances - prefill)
+    config = ServeConfig(
+        model=args.model, instances=args.instances, policy=args.policy, prefill=prefill,
+        decode=decode, host=args.host, port=args.port, api_key=args.api_key,
+        kv_blocks=args.kv_blocks, chunk_size_tokens=args.chunk_size,
+        max_batch_size=args.max_batch_size, max_outstanding=args.max_outstanding,
+        ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model)
+    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level="info")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pdserve", description="Serve LLMs with adaptive "
                                      "prefill/decode disaggregation; simulate policies on traces.")
     sub = parser.add_subparsers(dest="command", required=True)
     _simulate_parser(sub)
     _profile_parser(sub)
+    _serve_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

@@ -22,6 +22,7 @@ from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch
 from pdserve.engine.sampling import SamplingParams, sample
+from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff, copy_aligned
 from pdserve.instance.local_scheduler import BatchPlan
@@ -38,7 +39,7 @@ class Sequence:
     computed_tokens: int = 0  # tokens whose KV is in the pool
     blocks: list[int] = field(default_factory=list)
     finish_reason: str = ""  # "stop" (EOS or stop string) or "length"
-    text: str = ""  # generated text, cut at a stop string
+    stream: TextStream | None = None  # stop-string detection (when there are stop strings)
 
     @property
     def generated(self) -> list[int]:
@@ -79,8 +80,13 @@ class Engine:
         if params.temperature > 0:
             generator = torch.Generator()
             generator.manual_seed(params.seed if params.seed is not None else request_id)
+        stream = None
+        if params.stop:
+            if self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer; this model has none")
+            stream = TextStream(self.tokenizer, params.stop)
         self.sequences[request_id] = Sequence(request_id, list(prompt_ids), len(prompt_ids),
-                                              params, generator)
+                                              params, generator, stream=stream)
 
     def release(self, request_id: int) -> Sequence:
         """Forget a sequence and free its blocks (finished, cancelled or moved away)."""
@@ -160,21 +166,20 @@ class Engine:
             self.tokenizer.eos_token_ids if self.tokenizer else ())
         if token in eos and not params.ignore_eos:
             return "stop"
-        if params.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(sequence.generated)
-            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                sequence.text = text[:cut]
+        if sequence.stream is not None:
+            sequence.stream.push(token)
+            if sequence.stream.stopped:
                 return "stop"
         if len(sequence.generated) >= params.max_tokens:
             return "length"
         return ""
 
     def text_of(self, request_id: int) -> str:
+        """The generated text (cut before a stop string)."""
         sequence = self.sequences[request_id]
-        if sequence.text or self.tokenizer is None:
-            return sequence.text
-        return self.tokenizer.decode(sequence.generated)
+        if sequence.stream is not None:
+            return sequence.stream.text
+        return self.tokenizer.decode(sequence.generated) if self.tokenizer else ""
 
     # ---- hand-off between instances ----
     def export(self, request_id: int) -> KVHandoff:
@@ -193,6 +198,9 @@ class Engine:
                  handoff.params)
         sequence = self.sequences[handoff.request_id]
         sequence.token_ids = list(handoff.token_ids)
+        if sequence.stream is not None:
+            for token in sequence.generated:
+                sequence.stream.push(token)
         self._grow(sequence, handoff.computed_tokens)
         sequence.computed_tokens = handoff.computed_tokens
         if sequence.generator is not None and handoff.rng_state is not None:

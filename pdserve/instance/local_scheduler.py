@@ -144,6 +144,27 @@ class LocalScheduler:
         self.ready.append(request)
         self.decode_queue_tokens += request.sequence_tokens
 
+    def abort(self, request: Request) -> None:
+        """Drop a request wherever it is (a cancelled client) and free its blocks. Not
+        while it is in a planned batch: the driver aborts between steps."""
+        rid = request.request_id
+        if rid in self.running:
+            self._finish(self.running[rid], BatchResult())
+        elif rid in self.prefills.active or request in self.prefills.waiting:
+            self.prefills.drop(request)
+            self.free_blocks += request.kv_blocks
+            request.kv_blocks = 0
+        elif rid in self.held:
+            self.release_handoff(request)
+        elif request in self.ready or request in self.transfer_queue or rid in self.transferring:
+            for queue in (self.ready, self.transfer_queue):
+                if request in queue:
+                    queue.remove(request)
+            self.transferring.pop(rid, None)
+            self.decode_queue_tokens -= request.sequence_tokens
+            self.free_blocks += request.kv_blocks
+            request.kv_blocks = 0
+
     # ---- batch formation ----
     def plan(self, max_steps: int = 1) -> BatchPlan | None:
         """Form the next batch, or None when there is nothing to run."""

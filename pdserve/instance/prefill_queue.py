@@ -61,7 +61,10 @@ class PrefillQueue:
         return True
 
     def drop(self, request: Request) -> None:
-        """Remove an admitted request (preempted) with its remaining load."""
-        del self.active[request.request_id]
+        """Remove a request, admitted (preempted, cancelled) or waiting, with its load."""
+        if request.request_id in self.active:
+            del self.active[request.request_id]
+        else:
+            self.waiting.remove(request)
         self.tokens -= request.prefill_target_tokens - request.prefilled_tokens
         self.attn_units -= _remaining_units(request)

@@ -1,0 +1,365 @@
+"""The live driver: worker processes, the same pure global scheduler, an asyncio event loop.
+
+Worker messages arrive on the event loop (`add_reader` on each connection). The driver
+turns them into scheduler events (`PrefillDone`, `Finished`, `Tick`, `InstanceFailed`),
+applies the actions it gets back by sending commands to workers, and streams each
+request's text to its HTTP handler through an asyncio queue. The scheduler's view holds each
+worker's latest `InstanceStats`; a dispatch also bumps the target's snapshot at once, so
+a burst between two reports does not all land on one instance.
+
+Faults: a worker that exits is reported to the scheduler (`InstanceFailed`) and every
+request touching it is re-run elsewhere from its prompt; sampling is seeded per request, so
+the re-run regenerates the tokens already streamed, which are skipped. With no instance
+left, requests fail with an error. Admission is bounded: past `max_outstanding` requests,
+`submit` raises `Overloaded` (the server answers 429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import multiprocessing
+import time
+from dataclasses import dataclass, field, replace
+
+from pdserve.cluster.messages import (
+    Action,
+    Arrival,
+    ClusterView,
+    DispatchDecode,
+    DispatchPrefill,
+    Finished,
+    InstanceFailed,
+    PrefillDone,
+    Reject,
+    SetChunkSize,
+    SetRole,
+    Tick,
+)
+from pdserve.cluster.scheduler import GlobalScheduler
+from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.text_stream import TextStream
+from pdserve.engine.tokenizer import TextTokenizer
+from pdserve.engine.transfer import KVHandoff
+from pdserve.live.messages import (
+    AddRequest,
+    AdoptKV,
+    Cancel,
+    Command,
+    ContinueInPlace,
+    Prefilled,
+    ReleaseKV,
+    SetChunk,
+    Shutdown,
+    StepDone,
+    Transferred,
+    WorkerError,
+    WorkerReady,
+)
+from pdserve.live.metrics import ServerMetrics
+from pdserve.live.worker import worker_main
+from pdserve.policies.base import Policy
+from pdserve.types import Request, attn_units
+
+
+class Overloaded(Exception):
+    """Too many requests in flight; retry later."""
+
+
+@dataclass
+class LiveRequest:
+    request: Request
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    stream: TextStream
+    events: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
+    tokens_sent: int = 0  # tokens already streamed to the client
+    skip_tokens: int = 0  # tokens a re-run will regenerate that were already streamed
+    finish_reason: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    model: str = "tiny"
+    seed: int = 0
+    kv_blocks: int = 2048
+    chunk_size_tokens: int = 512
+    max_batch_size: int = 64
+    start_timeout_s: float = 120.0
+
+
+class LiveDriver:
+    def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
+                 workers: WorkerSettings, monitor_interval_s: float = 0.5,
+                 max_outstanding: int = 256) -> None:
+        self.scheduler = GlobalScheduler(policy, num_instances)
+        self.tokenizer = tokenizer
+        self.settings = workers
+        self.monitor_interval_s = monitor_interval_s
+        self.max_outstanding = max_outstanding
+        self.metrics = ServerMetrics()
+        self.view = ClusterView(0.0, [])
+        self.live: dict[int, LiveRequest] = {}
+        self._pending_handoffs: dict[int, KVHandoff] = {}  # prefilled, awaiting a decode target
+        self.failed: set[int] = set()
+        self._next_id = 0
+        self._context = multiprocessing.get_context("spawn")
+        self._processes: list = []
+        self._connections: list = []
+        self._tick_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.num_instances = num_instances
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for i in range(self.num_instances):
+            parent, child = self._context.Pipe()
+            process = self._context.Process(
+                target=worker_main, name=f"pdserve-worker-{i}", daemon=True,
+                args=(i, self.settings.model, self.settings.seed, self.settings.kv_blocks,
+                      self.settings.chunk_size_tokens, self.settings.max_batch_size, child))
+            process.start()
+            child.close()
+            self._processes.append(process)
+            self._connections.append(parent)
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        stats = []
+        for i, connection in enumerate(self._connections):
+            ready = await asyncio.to_thread(connection.poll, max(0, deadline - time.monotonic()))
+            if not ready:
+                await self.close()
+                raise RuntimeError(f"worker {i} did not start within "
+                                   f"{self.settings.start_timeout_s:.0f}s")
+            message = connection.recv()
+            assert isinstance(message, WorkerReady)
+            stats.append(message.stats)
+        self.view.instances = stats
+        for i, connection in enumerate(self._connections):
+            self._loop.add_reader(connection.fileno(), self._drain, i)
+            self._loop.add_reader(self._processes[i].sentinel, self._on_exit, i)
+        self._tick_task = asyncio.create_task(self._ticks())
+
+    async def close(self) -> None:
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+        for i, connection in enumerate(self._connections):
+            if self._loop is not None and i not in self.failed:
+                self._loop.remove_reader(connection.fileno())
+                self._loop.remove_reader(self._processes[i].sentinel)
+            with contextlib.suppress(OSError):  # a dead worker's pipe is closed
+                connection.send(Shutdown())
+        for process in self._processes:
+            await asyncio.to_thread(process.join, 10)
+            if process.is_alive():
+                process.kill()
+        for live in list(self.live.values()):
+            self._fail(live, "the server is shutting down")
+
+    # ---- requests ----
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> LiveRequest:
+        if len(self.live) >= self.max_outstanding:
+            self.metrics.count("rejections")
+            raise Overloaded(f"{len(self.live)} requests in flight (limit "
+                             f"{self.max_outstanding})")
+        self._next_id += 1
+        request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens)
+        live = LiveRequest(request, tuple(prompt_ids), params,
+                           TextStream(self.tokenizer, params.stop))
+        self.live[request.request_id] = live
+        self.metrics.count("requests")
+        self._handle(Arrival(request))
+        return live
+
+    def cancel(self, request_id: int) -> None:
+        """The client went away: stop the request and free its KV everywhere."""
+        live = self.live.pop(request_id, None)
+        if live is None:
+            return
+        self.metrics.count("cancellations")
+        for instance in {live.request.prefill_instance, live.request.decode_instance}:
+            if instance >= 0:
+                self._send(instance, Cancel(request_id))
+
+    # ---- scheduler ----
+    def _handle(self, event: object) -> None:
+        self.view.now_s = time.monotonic()
+        self._apply(self.scheduler.handle(event, self.view))  # type: ignore[arg-type]
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, DispatchPrefill):
+                live = self.live.get(action.request.request_id)
+                if live is None:
+                    continue
+                live.request.prefill_instance = action.instance_id
+                self._bump_prefill(action.instance_id, live)
+                self._send(action.instance_id, AddRequest(
+                    live.request.request_id, live.prompt_ids, live.params))
+            elif isinstance(action, DispatchDecode):
+                self._dispatch_decode(action)
+            elif isinstance(action, Reject):
+                live = self.live.get(action.request.request_id)
+                if live is not None:
+                    self.metrics.count("rejections")
+                    self._fail(live, action.reason)
+            elif isinstance(action, SetRole):
+                self.metrics.count("flips")
+            elif isinstance(action, SetChunkSize):
+                self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
+            else:
+                raise ValueError(f"the live driver cannot apply {type(action).__name__}")
+
+    def _bump_prefill(self, instance: int, live: LiveRequest) -> None:
+        stats = self.view.instances[instance]
+        n = len(live.prompt_ids)
+        self.view.instances[instance] = replace(  # type: ignore[index]
+            stats, prefill_queue_len=stats.prefill_queue_len + 1,
+            prefill_queue_tokens=stats.prefill_queue_tokens + n,
+            prefill_queue_attn_units=stats.prefill_queue_attn_units + attn_units(n, 0))
+
+    def _dispatch_decode(self, action: DispatchDecode) -> None:
+        live = self.live.get(action.request.request_id)
+        pending = self._pending_handoffs.pop(action.request.request_id, None)
+        if live is None or pending is None:
+            return
+        live.request.decode_instance = action.target_id
+        if action.target_id == action.source_id:
+            self._send(action.source_id, ContinueInPlace(action.request.request_id))
+        else:
+            self.metrics.count("transfers")
+            stats = self.view.instances[action.target_id]
+            self.view.instances[action.target_id] = replace(  # type: ignore[index]
+                stats, decode_queue_len=stats.decode_queue_len + 1,
+                decode_queue_tokens=stats.decode_queue_tokens + live.request.input_tokens + 1)
+            self._send(action.target_id, AdoptKV(pending))
+
+    def _send(self, instance: int, command: Command) -> None:
+        if instance in self.failed:
+            return
+        try:
+            self._connections[instance].send(command)
+        except (OSError, BrokenPipeError):
+            self._on_exit(instance)
+
+    # ---- worker messages ----
+    def _drain(self, instance: int) -> None:
+        connection = self._connections[instance]
+        try:
+            while connection.poll():
+                self._on_message(connection.recv())
+        except (EOFError, OSError):
+            self._on_exit(instance)
+
+    def _on_message(self, message: object) -> None:
+        if isinstance(message, StepDone):
+            self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
+            for request_id, token, reason in message.tokens:
+                self._on_token(message.instance_id, request_id, token, reason)
+        elif isinstance(message, Prefilled):
+            live = self.live.get(message.handoff.request_id)
+            if live is None:  # cancelled meanwhile
+                self._send(message.instance_id, Cancel(message.handoff.request_id))
+                return
+            self._pending_handoffs[message.handoff.request_id] = message.handoff
+            self._handle(PrefillDone(live.request, message.instance_id))
+        elif isinstance(message, Transferred):
+            live = self.live.get(message.request_id)
+            source = live.request.prefill_instance if live else -1
+            if source >= 0:
+                self._send(source, ReleaseKV(message.request_id))
+        elif isinstance(message, WorkerError):
+            live = self.live.get(message.request_id)
+            if live is not None:
+                self._fail(live, message.message)
+
+    def _on_token(self, instance: int, request_id: int, token: int, reason: str) -> None:
+        live = self.live.get(request_id)
+        if live is None:
+            return
+        request, now = live.request, time.monotonic()
+        request.generated_tokens += 1
+        if live.skip_tokens > 0:  # a re-run regenerating what the client already has
+            live.skip_tokens -= 1
+        else:
+            if math.isnan(request.first_token_s):
+                request.first_token_s = now
+                self.metrics.ttft.observe(now - request.arrival_s)
+            live.tokens_sent += 1
+            delta = live.stream.push(token)
+            if delta:
+                live.events.put_nowait(("text", delta))
+        if reason or live.stream.stopped:
+            self._finish(live, instance, reason or "stop", now)
+
+    def _finish(self, live: LiveRequest, instance: int, reason: str, now: float) -> None:
+        request = live.request
+        tail = live.stream.finish()
+        if tail:
+            live.events.put_nowait(("text", tail))
+        request.finish_s = now
+        live.finish_reason = reason
+        self.metrics.e2e.observe(now - request.arrival_s)
+        if live.tokens_sent > 1:
+            self.metrics.tpot.observe((now - request.first_token_s) / (live.tokens_sent - 1))
+        self.metrics.count("completions")
+        self.live.pop(request.request_id, None)
+        if live.stream.stopped and not reason:  # the server saw the stop string first
+            self._send(instance, Cancel(request.request_id))
+        live.events.put_nowait(("done", reason))
+        self._handle(Finished(request, instance))
+
+    def _fail(self, live: LiveRequest, message: str) -> None:
+        self.live.pop(live.request.request_id, None)
+        live.request.rejected_reason = message
+        live.events.put_nowait(("error", message))
+
+    # ---- faults and ticks ----
+    def _on_exit(self, instance: int) -> None:
+        if instance in self.failed:
+            return
+        self.failed.add(instance)
+        assert self._loop is not None
+        self._loop.remove_reader(self._connections[instance].fileno())
+        self._loop.remove_reader(self._processes[instance].sentinel)
+        self.metrics.count("worker_failures")
+        self._handle(InstanceFailed(instance))
+        affected = [live for live in self.live.values()
+                    if instance in (live.request.prefill_instance, live.request.decode_instance)]
+        for live in affected:  # re-run from the prompt; skip what the client already has
+            request = live.request
+            for other in {request.prefill_instance, request.decode_instance} - {instance}:
+                if other >= 0:
+                    self._send(other, Cancel(request.request_id))
+            self._pending_handoffs.pop(request.request_id, None)
+            live.skip_tokens = live.tokens_sent
+            request.generated_tokens = 0
+            request.prefill_instance = request.decode_instance = -1
+            self.metrics.count("retries")
+            self._handle(Arrival(request))
+
+    async def _ticks(self) -> None:
+        while True:
+            await asyncio.sleep(self.monitor_interval_s)
+            self._handle(Tick())
+
+    # ---- status ----
+    def health(self) -> dict[str, object]:
+        alive = [i for i in range(self.num_instances) if i not in self.failed]
+        return {"status": "ok" if alive else "unavailable", "workers": self.num_instances,
+                "alive": alive, "failed": sorted(self.failed),
+                "roles": [role.value for role in self.scheduler.roles]}
+
+    def metrics_text(self) -> str:
+        gauges: dict[str, list[tuple[dict[str, str], float]]] = {
+            "requests_in_flight": [({}, float(len(self.live)))]}
+        for name in ("prefill_queue_len", "decode_queue_len", "running_decodes",
+                     "used_blocks", "preemptions_total"):
+            gauges[name] = [({"instance": str(s.instance_id)}, float(getattr(s, name)))
+                            for s in self.view.instances]  # type: ignore[union-attr]
+        roles = self.scheduler.roles
+        gauges["pool_size"] = [({"role": role.value}, float(sum(r is role for r in roles)))
+                               for role in dict.fromkeys(roles)]
+        gauges["workers_failed"] = [({}, float(len(self.failed)))]
+        return self.metrics.render(gauges)

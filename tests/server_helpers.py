@@ -1,0 +1,52 @@
+"""Start a real pdserve server (worker processes + uvicorn on 127.0.0.1) inside a test."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import uvicorn
+from conftest import make_perf
+
+from pdserve.server.launch import ServeConfig, build_app
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def running_server(tmp_dir: Path, **options) -> Iterator[tuple[str, object]]:
+    """Yields (base URL, driver); stops the server and its workers on exit."""
+    perf_file = tmp_dir / "perf.json"
+    make_perf(kv_capacity_tokens=options.get("kv_blocks", 512) * 16).save(perf_file)
+    config = ServeConfig(port=free_port(), perf_model=str(perf_file),
+                         kv_blocks=options.pop("kv_blocks", 512), **options)
+    app = build_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{config.port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.2)
+        yield base, app.state.driver
+    finally:
+        server.should_exit = True
+        thread.join(60)

@@ -1,0 +1,157 @@
+"""The OpenAI-compatible server on real worker processes, through the official client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+from server_helpers import running_server
+
+from pdserve.engine.engine import Engine
+from pdserve.engine.loader import load_model
+from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.tokenizer import TextTokenizer
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """1 prefill + 1 decode worker: every multi-token request crosses a KV hand-off."""
+    with running_server(tmp_path_factory.mktemp("server"), instances=2, policy="static-pd",
+                        prefill=1, decode=1) as (base, driver):
+        yield base, driver
+
+
+def local_greedy(prompt: str, tokens: int) -> str:
+    """The same request on one in-process engine, no hand-off."""
+    torch.set_num_threads(1)
+    model, tokenizer = load_model("tiny", seed=0)
+    engine = Engine(model, tokenizer, 64)
+    ids = tokenizer.encode(prompt)
+    engine.add(0, ids, SamplingParams(max_tokens=tokens, temperature=0.0))
+    engine.run([], [(0, len(ids))])
+    while not engine.sequences[0].finish_reason:
+        engine.run([0], [])
+    return engine.text_of(0)
+
+
+def test_completion_through_a_p_to_d_hand_off_equals_single_instance_output(server):
+    base, driver = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    result = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24,
+                                       temperature=0)
+    assert result.choices[0].text == local_greedy(PROMPT, 24)
+    assert result.choices[0].finish_reason in ("length", "stop")
+    assert result.usage.prompt_tokens == len(TextTokenizer.shipped().encode(PROMPT))
+    assert 1 <= result.usage.completion_tokens <= 24
+    assert driver.metrics.counters["transfers"] >= 1
+
+
+def test_streaming_chat_equals_non_streaming(server):
+    base, _ = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "Write a haiku about queues."}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20,
+                                           temperature=0)
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
+        whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_async_client_concurrent_load_completes_every_request(server):
+    base, driver = server
+
+    async def run() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", timeout=60)
+        calls = [client.completions.create(model="tiny", prompt=f"{PROMPT} {i}", max_tokens=8,
+                                           temperature=0.7, seed=i) for i in range(16)]
+        results = await asyncio.wait_for(asyncio.gather(*calls), timeout=120)
+        await client.close()
+        return [r.choices[0].finish_reason for r in results]
+
+    reasons = asyncio.run(run())
+    assert len(reasons) == 16 and all(r in ("length", "stop") for r in reasons)
+    assert driver.health()["failed"] == []
+    assert not driver.live  # nothing left behind
+
+
+def test_seeded_sampling_is_reproducible(server):
+    base, _ = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    texts = {client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12,
+                                       temperature=1.0, seed=5).choices[0].text
+             for _ in range(3)}
+    assert len(texts) == 1
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    ("{not json", 400, "not valid JSON"),
+    (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": "many"}), 422, "max_tokens"),
+    (json.dumps({"model": "tiny", "prompt": "x", "colour": "red"}), 422, "unknown field"),
+    (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 0}), 400, "at least 1"),
+    (json.dumps({"model": "gpt-9", "prompt": "x"}), 404, "does not exist"),
+    (json.dumps({"model": "tiny", "prompt": "x", "n": 2}), 400, "n=1"),
+    (json.dumps({"model": "tiny", "prompt": [5] * 9000}), 400, "exceeds the context"),
+    (json.dumps({"model": "tiny", "prompt": ""}), 400, "empty"),
+])
+def test_bad_input_gets_an_openai_style_error(server, body, status, needle):
+    base, _ = server
+    response = httpx.post(f"{base}/v1/completions", content=body,
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert needle in error["message"] and error["type"]
+
+
+def test_overload_answers_429_with_retry_after(server):
+    base, driver = server
+    limit, driver.max_outstanding = driver.max_outstanding, 0
+    try:
+        response = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": "x"},
+                              timeout=30)
+    finally:
+        driver.max_outstanding = limit
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_disconnecting_client_cancels_its_request(server):
+    base, driver = server
+    before = driver.metrics.counters["cancellations"]
+    with httpx.stream("POST", f"{base}/v1/completions", timeout=30, json={
+            "model": "tiny", "prompt": PROMPT, "max_tokens": 2000, "stream": True}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break  # one token received: hang up
+    for _ in range(100):  # bounded: 10 s
+        if driver.metrics.counters["cancellations"] > before and not driver.live:
+            break
+        time.sleep(0.1)
+    assert driver.metrics.counters["cancellations"] > before
+    assert not driver.live
+
+
+def test_models_health_and_metrics(server):
+    base, _ = server
+    assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == "tiny"
+    health = httpx.get(f"{base}/health").json()
+    assert health["status"] == "ok" and health["alive"] == [0, 1]
+    assert health["roles"] == ["prefill", "decode"]
+    metrics = httpx.get(f"{base}/metrics").text
+    for name in ("pdserve_ttft_seconds_bucket", "pdserve_tpot_seconds_count",
+                 "pdserve_e2e_seconds_sum", "pdserve_transfers_total",
+                 'pdserve_pool_size{role="prefill"}', "pdserve_prefill_queue_len"):
+        assert name in metrics
