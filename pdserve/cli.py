@@ -1,4 +1,4 @@
-"""Command line: `pdserve simulate`, `pdserve profile` and `pdserve serve`."""
+"""Command line: `pdserve simulate | profile | serve | bench`."""
 
 from __future__ import annotations
 
@@ -230,6 +230,82 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="replay a trace against a live OpenAI-compatible server",
+        description="Replay a (rate-scaled, clipped) trace against any OpenAI-compatible URL "
+        "with real streaming, and score it with the same metrics and report as simulate.")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    p.add_argument("--model", default="", help="model name [the server's first model]")
+    p.add_argument("--api-key", default="")
+    p.add_argument("--trace", default="azure-conv", help="shipped trace or trace file")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
+    p.add_argument("--start", type=float, default=0.0, help="skip START s of the trace")
+    p.add_argument("--duration", type=float, default=60.0,
+                   help="seconds of replay, after rate scaling [60]")
+    p.add_argument("--max-input-tokens", type=int, default=2048, help="cap prompts [2048]")
+    p.add_argument("--max-output-tokens", type=int, default=256, help="cap outputs [256]")
+    p.add_argument("--max-in-flight", type=int, default=256, help="[256]")
+    p.add_argument("--timeout", type=float, default=0.0,
+                   help="limit for the whole replay [duration + 120 s]")
+    p.add_argument("--ttft-slo", type=float, default=2.0)
+    p.add_argument("--tpot-slo", type=float, default=0.15)
+    p.add_argument("--out", type=Path, help="write summary.json, requests.csv and plots here")
+    p.set_defaults(handler=_run_bench)
+
+
+def bench_workload(args: argparse.Namespace):
+    from pdserve.bench.traces import load_trace
+
+    workload = load_trace(args.trace)
+    if args.start:
+        workload = workload.window(args.start)
+    workload = workload.scaled(args.rate_scale).window(0.0, args.duration)
+    if len(workload) == 0:
+        raise ValueError("no requests in the chosen window")
+    return workload.clipped(args.max_input_tokens, args.max_output_tokens)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import httpx
+
+    from pdserve.bench import plots
+    from pdserve.bench.client import replay
+    from pdserve.bench.metrics import summarize
+    from pdserve.bench.report import format_summary, write_requests_csv, write_summary_json
+    from pdserve.types import SLO
+
+    slo = SLO(args.ttft_slo, args.tpot_slo)
+    workload = bench_workload(args)
+    model = args.model
+    if not model:
+        try:
+            listing = httpx.get(f"{args.url}/v1/models", timeout=10, headers={
+                "Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
+            model = listing.json()["data"][0]["id"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as err:
+            raise ValueError(f"cannot list models at {args.url}: {err}") from err
+    timeout = args.timeout or args.duration + 120
+    print(f"replaying {len(workload)} requests of {args.trace} over {workload.span_s:.0f}s "
+          f"against {args.url} ({model})")
+    requests = asyncio.run(replay(args.url, workload, model, timeout, args.max_in_flight,
+                                  args.api_key or None))
+    summary = summarize(requests, slo)
+    print(format_summary(summary, slo, f"live replay against {args.url}"))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                  if k != "handler"}
+        write_summary_json(args.out / "summary.json", summary, config, None, {})
+        write_requests_csv(args.out / "requests.csv", requests, slo)
+        plots.plot_latency_cdfs(args.out / "latency_cdf.png", requests, slo,
+                                f"live replay of {args.trace}")
+        print(f"wrote {args.out}/: summary.json, requests.csv, latency_cdf.png")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pdserve", description="Serve LLMs with adaptive "
                                      "prefill/decode disaggregation; simulate policies on traces.")
@@ -237,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     _simulate_parser(sub)
     _profile_parser(sub)
     _serve_parser(sub)
+    _bench_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

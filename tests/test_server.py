@@ -155,3 +155,20 @@ def test_models_health_and_metrics(server):
                  "pdserve_e2e_seconds_sum", "pdserve_transfers_total",
                  'pdserve_pool_size{role="prefill"}', "pdserve_prefill_queue_len"):
         assert name in metrics
+
+
+def test_bench_replays_a_trace_and_scores_it_like_the_simulator(server, tmp_path, capsys):
+    base, _ = server
+    from pdserve.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", "--url", base, "--trace", "azure-conv", "--start", "600",
+                 "--rate-scale", "0.5", "--duration", "8", "--max-input-tokens", "256",
+                 "--max-output-tokens", "16", "--ttft-slo", "5", "--tpot-slo", "1",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert summary["requests"] >= 1 and summary["completed"] == summary["requests"]
+    assert "SLO attainment" in printed
+    rows = (out / "requests.csv").read_text().splitlines()
+    assert len(rows) == summary["requests"] + 1

@@ -78,6 +78,13 @@ class Workload:
         clipped = self._select(mask, self.name)
         return replace(clipped, arrival_s=clipped.arrival_s - origin)
 
+    def clipped(self, max_input_tokens: int, max_output_tokens: int) -> Workload:
+        """Lengths capped (for a model with a short context or a slow machine)."""
+        if max_input_tokens < 1 or max_output_tokens < 1:
+            raise ValueError("length caps must be at least 1")
+        return replace(self, input_tokens=np.minimum(self.input_tokens, max_input_tokens),
+                       output_tokens=np.minimum(self.output_tokens, max_output_tokens))
+
     def head(self, count: int) -> Workload:
         return self._select(slice(0, count), self.name)
 

@@ -1,0 +1,99 @@
+"""Replay a workload against an OpenAI-compatible server with real HTTP streaming.
+
+Each request is sent at its (rate-scaled) arrival time as a streaming `/v1/completions` call
+whose prompt is a list of token ids of the trace's input length (so lengths are exact on any
+server that accepts token prompts) and whose `max_tokens` is the trace's output length.
+Times are taken on the client: TTFT at the first streamed text, the end at the last chunk,
+and the output length from the final usage chunk. The result is a list of `Request`
+records, scored by `pdserve.bench.metrics` exactly like a simulated run.
+
+Bounded: at most `max_in_flight` requests at once (later ones wait, their TTFT includes
+it) and `timeout_s` for the whole replay; whatever has not finished by then is recorded as
+unfinished with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable
+
+import httpx
+
+from pdserve.bench.workload import Workload
+from pdserve.types import Request
+
+PROMPT_TOKEN_RANGE = (3, 1000)  # ids every shipped or common tokenizer has
+
+
+def prompt_ids(request: Request) -> list[int]:
+    low, high = PROMPT_TOKEN_RANGE
+    return [low + (request.request_id * 7919 + i * 104729) % (high - low)
+            for i in range(request.input_tokens)]
+
+
+async def _one(client: httpx.AsyncClient, model: str, request: Request, origin: float,
+               gate: asyncio.Semaphore) -> None:
+    body = {"model": model, "prompt": prompt_ids(request), "max_tokens": request.output_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    async with gate:
+        try:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    request.rejected_reason = f"HTTP {response.status_code}: {text[:200]}"
+                    return
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        request.rejected_reason = chunk["error"]["message"]
+                        return
+                    now = time.monotonic() - origin
+                    if chunk.get("usage"):
+                        request.generated_tokens = chunk["usage"]["completion_tokens"]
+                    choice = chunk["choices"][0] if chunk.get("choices") else {}
+                    if choice.get("text") and math.isnan(request.first_token_s):
+                        request.first_token_s = now
+                    if choice.get("finish_reason"):
+                        request.finish_s = now
+        except httpx.HTTPError as err:
+            request.rejected_reason = f"{type(err).__name__}: {err}"
+    if math.isnan(request.first_token_s) and not math.isnan(request.finish_s):
+        request.first_token_s = request.finish_s  # no text at all (e.g. EOS first)
+
+
+async def replay(url: str, workload: Workload, model: str, timeout_s: float,
+                 max_in_flight: int = 256, api_key: str | None = None,
+                 on_progress: Callable[[int], None] | None = None) -> list[Request]:
+    requests = workload.requests()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    gate = asyncio.Semaphore(max_in_flight)
+    async with httpx.AsyncClient(base_url=url, headers=headers,
+                                 timeout=httpx.Timeout(timeout_s)) as client:
+        origin = time.monotonic()
+        deadline = origin + timeout_s
+        tasks: list[asyncio.Task[None]] = []
+        for request in requests:
+            wait = origin + request.arrival_s - time.monotonic()
+            if time.monotonic() + max(wait, 0) > deadline:
+                break
+            if wait > 0:
+                await asyncio.sleep(wait)
+            tasks.append(asyncio.create_task(_one(client, model, request, origin, gate)))
+        pending = set(tasks)
+        while pending and time.monotonic() < deadline:
+            done, pending = await asyncio.wait(pending, timeout=min(
+                1.0, max(0.0, deadline - time.monotonic())))
+            if on_progress is not None:
+                on_progress(len(tasks) - len(pending))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    for request in requests:
+        if not request.finished and not request.rejected_reason:
+            request.rejected_reason = "not finished within the replay's time limit"
+    return requests
