@@ -26,7 +26,7 @@ from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.transfer import copy_aligned
 from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
 from pdserve.perf.fitted import PerfModel
-from pdserve.types import KV_BLOCK_TOKENS
+from pdserve.types import KV_BLOCK_TOKENS, blocks_for
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,15 @@ def profile_engine(model_name: str, kv_blocks: int = 4096, grid: ProfileGrid = P
     say = progress or (lambda message: None)
     params = SamplingParams(max_tokens=4096, ignore_eos=True)
 
+    # the measuring pool holds the largest grid point; `kv_blocks` is only what the model
+    # reports as the deployment's capacity
+    largest = max(max(grid.batch_sizes) * (max(grid.context_per_sequence) + grid.repeats + 2),
+                  max(grid.prior_tokens) + max(grid.prefill_tokens))
+    pool_blocks = blocks_for(largest) + max(grid.batch_sizes)
+
     def engine_with(sequences: int, prefilled_tokens: int, extra_tokens: int = 0) -> Engine:
         """A fresh engine holding `sequences` sequences with their first tokens computed."""
-        engine = Engine(model, tokenizer, kv_blocks)
+        engine = Engine(model, tokenizer, pool_blocks)
         for rid in range(sequences):
             engine.add(rid, [5] * (prefilled_tokens + extra_tokens), params)
             if prefilled_tokens:
