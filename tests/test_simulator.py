@@ -9,6 +9,7 @@ from conftest import make_perf
 
 from pdserve.bench.metrics import summarize
 from pdserve.bench.synthetic import synthetic_workload
+from pdserve.cluster.messages import Migrate
 from pdserve.config import SimConfig
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.presets import PolicySetup, build_policy
@@ -150,3 +151,56 @@ def test_arrow_beats_min_load_on_a_bursty_real_trace():
     assert summaries["arrow"].slo_attainment >= summaries["min-load"].slo_attainment + 0.05
     assert summaries["arrow"].ttft_s.p90 < summaries["min-load"].ttft_s.p90
     assert flips["arrow"] > 0 and flips["min-load"] == 0
+
+
+class MigrateEveryTick:
+    """Test rebalancer: each tick, move the longest-running decode that an instance-2
+    router dispatched from its decode instance to the other decode instance."""
+
+    def __init__(self, recorder: list[Request], decode_ids: tuple[int, int]) -> None:
+        self.recorder, self.decode_ids = recorder, decode_ids
+
+    def on_tick(self, view, board):
+        running = [r for r in self.recorder if not r.finished and r.generated_tokens > 1
+                   and r.decode_instance in self.decode_ids]
+        if not running:
+            return []
+        request = min(running, key=lambda r: r.first_token_s)
+        target = [i for i in self.decode_ids if i != request.decode_instance][0]
+        return [Migrate(request, request.decode_instance, target)]
+
+
+class RecordingRouter:
+    def __init__(self, inner, recorder: list[Request]) -> None:
+        self.inner, self.recorder = inner, recorder
+
+    def route(self, request, prefill_instance, view, board):
+        self.recorder.append(request)
+        return self.inner.route(request, prefill_instance, view, board)
+
+
+def run_with_migrations(span: int) -> tuple[SimResult, list[Request]]:
+    perf = make_perf(kv_capacity_tokens=12_000)
+    workload = synthetic_workload(150, rate_rps=6.0, lengths="uniform:20-1500:50-400",
+                                  arrival="gamma", cv=2.0, seed=11)
+    policy, count = build_policy("static-pd", PolicySetup(perf, DEFAULT_SLO, prefill=2,
+                                                          decode=2, chunk_size_tokens=512))
+    recorder: list[Request] = []
+    policy.decode_router = RecordingRouter(policy.decode_router, recorder)
+    policy.rebalancer = MigrateEveryTick(recorder, (2, 3))
+    sim = Simulator(policy, count, perf, SimSettings(chunk_size_tokens=512,
+                                                     monitor_interval_s=0.25,
+                                                     max_span_steps=span))
+    result = sim.run(workload.requests())
+    return result, result.requests
+
+
+def test_migrated_decodes_finish_exactly_and_fast_advance_still_equals_step_by_step():
+    (step_run, stepwise), (fast_run, fast) = run_with_migrations(1), run_with_migrations(1 << 20)
+    moved = [r for r in fast if r.transfer_s > 1.5 * make_perf().transfer_time_s(r.input_tokens)]
+    assert len(moved) >= 10  # some requests moved more than once (two transfers)
+    assert all(r.finished and r.generated_tokens == r.output_tokens for r in fast)
+    for slow_r, fast_r in zip(stepwise, fast, strict=True):
+        assert outcome(slow_r)[3:] == outcome(fast_r)[3:]
+        assert fast_r.finish_s == pytest.approx(slow_r.finish_s, rel=1e-9, abs=1e-9)
+    assert fast_run.events < step_run.events

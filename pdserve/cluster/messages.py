@@ -83,7 +83,9 @@ class SetChunkSize:
 
 @dataclass(frozen=True, slots=True)
 class Migrate:
-    """Move a running decode and its KV from `source_id` to `target_id`."""
+    """Move a running decode and its KV from `source_id` to `target_id`: it leaves the
+    source's batch at the next step boundary and continues on the target with no gap and no
+    repeated token. Ignored if the request is not decoding on the source by then."""
 
     request: Request
     source_id: int

@@ -144,6 +144,18 @@ class LocalScheduler:
         self.ready.append(request)
         self.decode_queue_tokens += request.sequence_tokens
 
+    def detach(self, request: Request) -> bool:
+        """Take a running decode out of the batch to move it elsewhere (between steps): its
+        blocks are held as after a prefill until `release_handoff`. False if it is not
+        decoding here (still prefilling, queued, or finished)."""
+        if request.request_id not in self.running:
+            return False
+        del self.running[request.request_id]
+        self.running_tokens -= request.sequence_tokens
+        self.held[request.request_id] = (request, request.kv_blocks)
+        request.kv_blocks = 0
+        return True
+
     def abort(self, request: Request) -> None:
         """Drop a request wherever it is (a cancelled client) and free its blocks. Not
         while it is in a planned batch: the driver aborts between steps."""

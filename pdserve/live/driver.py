@@ -31,6 +31,7 @@ from pdserve.cluster.messages import (
     DispatchPrefill,
     Finished,
     InstanceFailed,
+    Migrate,
     PrefillDone,
     Reject,
     SetChunkSize,
@@ -48,6 +49,8 @@ from pdserve.live.messages import (
     Cancel,
     Command,
     ContinueInPlace,
+    Detach,
+    Detached,
     Prefilled,
     ReleaseKV,
     SetChunk,
@@ -102,6 +105,8 @@ class LiveDriver:
         self.view = ClusterView(0.0, [])
         self.live: dict[int, LiveRequest] = {}
         self._pending_handoffs: dict[int, KVHandoff] = {}  # prefilled, awaiting a decode target
+        self._migration_targets: dict[int, int] = {}  # detach asked: request -> target
+        self._transfer_sources: dict[int, int] = {}  # KV copy in flight: request -> source
         self.failed: set[int] = set()
         self._next_id = 0
         self._context = multiprocessing.get_context("spawn")
@@ -178,9 +183,10 @@ class LiveDriver:
         if live is None:
             return
         self.metrics.count("cancellations")
-        for instance in {live.request.prefill_instance, live.request.decode_instance}:
-            if instance >= 0:
-                self._send(instance, Cancel(request_id))
+        holders = {live.request.prefill_instance, live.request.decode_instance,
+                   self._transfer_sources.pop(request_id, -1)}
+        for instance in holders - {-1}:
+            self._send(instance, Cancel(request_id))
 
     # ---- scheduler ----
     def _handle(self, event: object) -> None:
@@ -208,6 +214,10 @@ class LiveDriver:
                 self.metrics.count("flips")
             elif isinstance(action, SetChunkSize):
                 self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
+            elif isinstance(action, Migrate):
+                if action.request.request_id in self.live:
+                    self._migration_targets[action.request.request_id] = action.target_id
+                    self._send(action.source_id, Detach(action.request.request_id))
             else:
                 raise ValueError(f"the live driver cannot apply {type(action).__name__}")
 
@@ -229,11 +239,23 @@ class LiveDriver:
             self._send(action.source_id, ContinueInPlace(action.request.request_id))
         else:
             self.metrics.count("transfers")
-            stats = self.view.instances[action.target_id]
-            self.view.instances[action.target_id] = replace(  # type: ignore[index]
-                stats, decode_queue_len=stats.decode_queue_len + 1,
-                decode_queue_tokens=stats.decode_queue_tokens + live.request.input_tokens + 1)
-            self._send(action.target_id, AdoptKV(pending))
+            self._move(pending, action.source_id, action.target_id)
+
+    def _move(self, handoff: KVHandoff, source: int, target: int) -> None:
+        """Send a sequence's hand-off to `target`; `source` frees it once it is copied."""
+        stats = self.view.instances[target]
+        self.view.instances[target] = replace(  # type: ignore[index]
+            stats, decode_queue_len=stats.decode_queue_len + 1,
+            decode_queue_tokens=stats.decode_queue_tokens + len(handoff.token_ids))
+        self._transfer_sources[handoff.request_id] = source
+        self._send(target, AdoptKV(handoff))
+
+    def migrate(self, request_id: int, target: int) -> None:
+        """Move a running decode to `target` (an operator's or a test's request; policies
+        do it by returning `Migrate` actions)."""
+        live = self.live.get(request_id)
+        if live is not None and live.request.decode_instance >= 0:
+            self._apply([Migrate(live.request, live.request.decode_instance, target)])
 
     def _send(self, instance: int, command: Command) -> None:
         if instance in self.failed:
@@ -264,9 +286,18 @@ class LiveDriver:
                 return
             self._pending_handoffs[message.handoff.request_id] = message.handoff
             self._handle(PrefillDone(live.request, message.instance_id))
-        elif isinstance(message, Transferred):
+        elif isinstance(message, Detached):
+            target = self._migration_targets.pop(message.request_id, -1)
             live = self.live.get(message.request_id)
-            source = live.request.prefill_instance if live else -1
+            if message.handoff is None or live is None or target < 0:
+                if message.handoff is not None:  # cancelled meanwhile: drop it there
+                    self._send(message.instance_id, Cancel(message.request_id))
+                return
+            self.metrics.count("migrations")
+            live.request.decode_instance = target
+            self._move(message.handoff, message.instance_id, target)
+        elif isinstance(message, Transferred):
+            source = self._transfer_sources.pop(message.request_id, -1)
             if source >= 0:
                 self._send(source, ReleaseKV(message.request_id))
         elif isinstance(message, WorkerError):
@@ -333,6 +364,10 @@ class LiveDriver:
                 if other >= 0:
                     self._send(other, Cancel(request.request_id))
             self._pending_handoffs.pop(request.request_id, None)
+            self._migration_targets.pop(request.request_id, None)
+            source = self._transfer_sources.pop(request.request_id, -1)
+            if source >= 0 and source != instance:
+                self._send(source, Cancel(request.request_id))
             live.skip_tokens = live.tokens_sent
             request.generated_tokens = 0
             request.prefill_instance = request.decode_instance = -1

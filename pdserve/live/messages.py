@@ -32,6 +32,13 @@ class AdoptKV:
 
 
 @dataclass(frozen=True)
+class Detach:
+    """Take a running decode out of the batch (between steps) to migrate it."""
+
+    request_id: int
+
+
+@dataclass(frozen=True)
 class ReleaseKV:
     request_id: int
 
@@ -51,7 +58,8 @@ class Shutdown:
     pass
 
 
-Command = AddRequest | ContinueInPlace | AdoptKV | ReleaseKV | Cancel | SetChunk | Shutdown
+Command = (AddRequest | ContinueInPlace | AdoptKV | Detach | ReleaseKV | Cancel | SetChunk
+           | Shutdown)
 
 # ---- worker -> driver ----
 
@@ -79,6 +87,16 @@ class Prefilled:
 
 
 @dataclass(frozen=True)
+class Detached:
+    """A decode left the batch for a migration (`handoff` is None if it was not decoding
+    here any more: finished, preempted or cancelled)."""
+
+    instance_id: int
+    request_id: int
+    handoff: KVHandoff | None
+
+
+@dataclass(frozen=True)
 class Transferred:
     instance_id: int
     request_id: int
@@ -91,4 +109,4 @@ class WorkerError:
     message: str
 
 
-Event = WorkerReady | StepDone | Prefilled | Transferred | WorkerError
+Event = WorkerReady | StepDone | Prefilled | Detached | Transferred | WorkerError

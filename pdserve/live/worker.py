@@ -29,6 +29,8 @@ from pdserve.live.messages import (
     Cancel,
     Command,
     ContinueInPlace,
+    Detach,
+    Detached,
     Prefilled,
     ReleaseKV,
     SetChunk,
@@ -101,6 +103,11 @@ class Worker:
             self.requests[request.request_id] = request
             self.handoffs[request.request_id] = command
             local.enqueue_transfer_in(request)
+        elif isinstance(command, Detach):
+            request = self.requests.get(command.request_id)
+            moved = request is not None and local.detach(request)
+            self.connection.send(Detached(self.instance_id, command.request_id,
+                                          engine.export(command.request_id) if moved else None))
         elif isinstance(command, ReleaseKV):
             request = self.requests.pop(command.request_id)
             local.release_handoff(request)

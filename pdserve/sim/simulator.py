@@ -29,6 +29,7 @@ from pdserve.cluster.messages import (
     DispatchDecode,
     DispatchPrefill,
     Finished,
+    Migrate,
     PrefillDone,
     Reject,
     SetChunkSize,
@@ -123,6 +124,8 @@ class Simulator:
         self._outstanding = 0  # arrived and not yet finished or rejected
         self._completed = 0
         self._arrivals_pending = False
+        self._migrations: dict[int, Migrate] = {}  # waiting for their source's step boundary
+        self._transfer_source: dict[int, int] = {}  # migrations in flight: request -> source
 
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:
@@ -166,6 +169,12 @@ class Simulator:
                 instance = self.instances[action.instance_id]
                 self._touch(instance)
                 instance.local.chunk_size_tokens = action.chunk_size_tokens
+            elif type(action) is Migrate:
+                source = self.instances[action.source_id]
+                self._touch(source)  # the move happens at the source's next step boundary
+                self._migrations[action.request.request_id] = action
+                if source.plan is None:
+                    self._start_migrations(source)
             else:
                 raise ValueError(f"the simulator cannot apply {type(action).__name__} at "
                                  f"t={now:.3f}s")
@@ -181,6 +190,21 @@ class Simulator:
         self._touch(target)
         target.local.enqueue_transfer_in(request)
         self._start_transfers(target)
+
+    def _start_migrations(self, source: SimInstance) -> None:
+        """Detach the decodes waiting to leave `source` (between its steps) and send them."""
+        for request_id, action in list(self._migrations.items()):
+            if action.source_id != source.local.instance_id:
+                continue
+            del self._migrations[request_id]
+            if not source.local.detach(action.request):
+                continue  # finished or preempted meanwhile
+            self._transfer_source[request_id] = action.source_id
+            action.request.decode_instance = action.target_id
+            target = self.instances[action.target_id]
+            self._touch(target)
+            target.local.enqueue_transfer_in(action.request)
+            self._start_transfers(target)
 
     def _start_transfers(self, target: SimInstance) -> None:
         now = self.view.now_s
@@ -210,10 +234,13 @@ class Simulator:
             self._apply(handle(PrefillDone(request, instance.local.instance_id), self.view))
         if result.finished and instance.local.transfer_queue:
             self._start_transfers(instance)
+        if self._migrations:
+            self._start_migrations(instance)
         self._kicked.append(instance)
 
     def _on_transfer_done(self, request: Request) -> None:
-        source = self.instances[request.prefill_instance]
+        source = self.instances[self._transfer_source.pop(request.request_id,
+                                                          request.prefill_instance)]
         target = self.instances[request.decode_instance]
         self._touch(source)
         source.local.release_handoff(request)
