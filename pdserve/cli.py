@@ -226,7 +226,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         kv_blocks=args.kv_blocks, chunk_size_tokens=args.chunk_size,
         max_batch_size=args.max_batch_size, max_outstanding=args.max_outstanding,
         ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model)
-    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level="info")
+    # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)
+    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level="info",
+                timeout_graceful_shutdown=10)
     return 0
 
 

@@ -172,3 +172,22 @@ def test_bench_replays_a_trace_and_scores_it_like_the_simulator(server, tmp_path
     assert "SLO attainment" in printed
     rows = (out / "requests.csv").read_text().splitlines()
     assert len(rows) == summary["requests"] + 1
+
+
+def test_api_key_is_required_when_configured():
+    from fastapi.testclient import TestClient
+
+    from pdserve.server.app import create_app
+
+    class NoDriver:  # the routes below never reach the driver
+        tokenizer = TextTokenizer.shipped()
+
+    client = TestClient(create_app(NoDriver(), "tiny", 8192, api_key="s3cret"))  # no lifespan
+    refused = client.get("/v1/models")
+    assert refused.status_code == 401
+    assert refused.json()["error"]["type"] == "authentication_error"
+    wrong = client.post("/v1/completions", headers={"Authorization": "Bearer nope"},
+                        json={"model": "tiny", "prompt": "x"})
+    assert wrong.status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).json()[
+        "data"][0]["id"] == "tiny"
