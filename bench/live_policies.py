@@ -17,16 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
-from pdserve.bench.client import replay
+from pdserve.bench.client import free_port, replay, wait_until_healthy
 from pdserve.bench.metrics import Summary, summarize
 from pdserve.bench.traces import load_trace
 from pdserve.config import SimConfig
@@ -40,12 +38,6 @@ POLICIES = {"colocated": [], "static-pd": ["--prefill", "2", "--decode", "2"],
 KV_BLOCKS, CHUNK, MAX_BATCH = 2048, 512, 64
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def live_run(policy: str, perf_file: Path, slo: SLO, workload, timeout_s: float):
     port = free_port()
     command = [sys.executable, "-m", "pdserve.cli", "serve", "--model", "tiny",
@@ -56,16 +48,7 @@ def live_run(policy: str, perf_file: Path, slo: SLO, workload, timeout_s: float)
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError(f"pdserve serve --policy {policy} did not start")
-            time.sleep(0.5)
+        wait_until_healthy(base, 180, lambda: server.poll() is None)
         return asyncio.run(replay(base, workload, "tiny", timeout_s))
     finally:
         server.terminate()

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import uvicorn
 from conftest import make_perf
 
+from pdserve.bench.client import free_port, wait_until_healthy
 from pdserve.server.launch import ServeConfig, build_app
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager
@@ -35,17 +27,8 @@ def running_server(tmp_dir: Path, **options) -> Iterator[tuple[str, object]]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{config.port}"
-    deadline = time.monotonic() + 120
     try:
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.2)
+        wait_until_healthy(base, 120, thread.is_alive)
         yield base, app.state.driver
     finally:
         server.should_exit = True

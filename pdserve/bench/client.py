@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import time
 from collections.abc import Callable
 
@@ -97,3 +98,25 @@ async def replay(url: str, workload: Workload, model: str, timeout_s: float,
         if not request.finished and not request.rejected_reason:
             request.rejected_reason = "not finished within the replay's time limit"
     return requests
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for a server this process starts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until_healthy(url: str, timeout_s: float, alive: Callable[[], bool]) -> None:
+    """Poll `url`/health until it answers 200; raise if `alive()` turns false (the server
+    process or thread died) or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not alive():
+            raise RuntimeError(f"the server at {url} did not become healthy")
+        time.sleep(0.2)

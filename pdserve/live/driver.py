@@ -322,10 +322,14 @@ class LiveDriver:
             if delta:
                 live.events.put_nowait(("text", delta))
         if reason or live.stream.stopped:
-            self._finish(live, instance, reason or "stop", now)
+            self._finish(live, instance, reason, now)
 
-    def _finish(self, live: LiveRequest, instance: int, reason: str, now: float) -> None:
+    def _finish(self, live: LiveRequest, instance: int, worker_reason: str,
+                now: float) -> None:
+        """`worker_reason` is "" when this driver's text stream saw a stop string before
+        the worker did; the worker is then told to stop."""
         request = live.request
+        reason = worker_reason or "stop"
         tail = live.stream.finish()
         if tail:
             live.events.put_nowait(("text", tail))
@@ -336,7 +340,7 @@ class LiveDriver:
             self.metrics.tpot.observe((now - request.first_token_s) / (live.tokens_sent - 1))
         self.metrics.count("completions")
         self.live.pop(request.request_id, None)
-        if live.stream.stopped and not reason:  # the server saw the stop string first
+        if not worker_reason:
             self._send(instance, Cancel(request.request_id))
         live.events.put_nowait(("done", reason))
         self._handle(Finished(request, instance))

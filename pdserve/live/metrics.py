@@ -30,12 +30,16 @@ class Histogram:
         return lines
 
 
+COUNTERS = ("requests", "completions", "rejections", "cancellations", "retries", "transfers",
+            "migrations", "flips", "worker_failures")
+
+
 class ServerMetrics:
     def __init__(self) -> None:
         self.ttft = Histogram("pdserve_ttft_seconds", "Time to first token.")
         self.tpot = Histogram("pdserve_tpot_seconds", "Time per output token after the first.")
         self.e2e = Histogram("pdserve_e2e_seconds", "End-to-end request latency.")
-        self.counters: dict[str, int] = defaultdict(int)
+        self.counters: dict[str, int] = defaultdict(int, dict.fromkeys(COUNTERS, 0))
 
     def count(self, name: str, amount: int = 1) -> None:
         self.counters[name] += amount
