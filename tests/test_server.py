@@ -191,3 +191,18 @@ def test_api_key_is_required_when_configured():
     assert wrong.status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).json()[
         "data"][0]["id"] == "tiny"
+
+
+def test_stop_strings_cut_the_text_streaming_and_not(server):
+    base, _ = server
+    full = local_greedy(PROMPT, 24)
+    stop = full[6:9]
+    expected = full[:full.find(stop)]
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24,
+                                      temperature=0, stop=[stop])
+    assert whole.choices[0].text == expected
+    assert whole.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True))
+    assert streamed == expected
