@@ -33,7 +33,7 @@ def stream_text(base: str, max_tokens: int, started: threading.Event, out: dict)
 
 
 def kill_worker(driver, instance: int) -> None:
-    os.kill(driver._processes[instance].pid, signal.SIGKILL)
+    os.kill(driver.workers.pid(instance), signal.SIGKILL)
 
 
 def test_killed_worker_mid_stream_is_rerun_without_loss_or_duplication(tmp_path):

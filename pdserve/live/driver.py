@@ -17,9 +17,7 @@ left, requests fail with an error. Admission is bounded: past `max_outstanding` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import multiprocessing
 import time
 from dataclasses import dataclass, field, replace
 
@@ -54,14 +52,12 @@ from pdserve.live.messages import (
     Prefilled,
     ReleaseKV,
     SetChunk,
-    Shutdown,
     StepDone,
     Transferred,
     WorkerError,
-    WorkerReady,
 )
 from pdserve.live.metrics import ServerMetrics
-from pdserve.live.worker import worker_main
+from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
@@ -82,16 +78,6 @@ class LiveRequest:
     finish_reason: str = ""
 
 
-@dataclass(frozen=True)
-class WorkerSettings:
-    model: str = "tiny"
-    seed: int = 0
-    kv_blocks: int = 2048
-    chunk_size_tokens: int = 512
-    max_batch_size: int = 64
-    start_timeout_s: float = 120.0
-
-
 class LiveDriver:
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float = 0.5,
@@ -107,11 +93,8 @@ class LiveDriver:
         self._pending_handoffs: dict[int, KVHandoff] = {}  # prefilled, awaiting a decode target
         self._migration_targets: dict[int, int] = {}  # detach asked: request -> target
         self._transfer_sources: dict[int, int] = {}  # KV copy in flight: request -> source
-        self.failed: set[int] = set()
+        self.workers = WorkerProcesses(workers, num_instances)
         self._next_id = 0
-        self._context = multiprocessing.get_context("spawn")
-        self._processes: list = []
-        self._connections: list = []
         self._tick_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.num_instances = num_instances
@@ -119,46 +102,13 @@ class LiveDriver:
     # ---- lifecycle ----
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        for i in range(self.num_instances):
-            parent, child = self._context.Pipe()
-            process = self._context.Process(
-                target=worker_main, name=f"pdserve-worker-{i}", daemon=True,
-                args=(i, self.settings.model, self.settings.seed, self.settings.kv_blocks,
-                      self.settings.chunk_size_tokens, self.settings.max_batch_size, child))
-            process.start()
-            child.close()
-            self._processes.append(process)
-            self._connections.append(parent)
-        deadline = time.monotonic() + self.settings.start_timeout_s
-        stats = []
-        for i, connection in enumerate(self._connections):
-            ready = await asyncio.to_thread(connection.poll, max(0, deadline - time.monotonic()))
-            if not ready:
-                await self.close()
-                raise RuntimeError(f"worker {i} did not start within "
-                                   f"{self.settings.start_timeout_s:.0f}s")
-            message = connection.recv()
-            assert isinstance(message, WorkerReady)
-            stats.append(message.stats)
-        self.view.instances = stats
-        for i, connection in enumerate(self._connections):
-            self._loop.add_reader(connection.fileno(), self._drain, i)
-            self._loop.add_reader(self._processes[i].sentinel, self._on_exit, i)
+        self.view.instances = await self.workers.start(self._on_message, self._on_exit)
         self._tick_task = asyncio.create_task(self._ticks())
 
     async def close(self) -> None:
         if self._tick_task is not None:
             self._tick_task.cancel()
-        for i, connection in enumerate(self._connections):
-            if self._loop is not None and i not in self.failed:
-                self._loop.remove_reader(connection.fileno())
-                self._loop.remove_reader(self._processes[i].sentinel)
-            with contextlib.suppress(OSError):  # a dead worker's pipe is closed
-                connection.send(Shutdown())
-        for process in self._processes:
-            await asyncio.to_thread(process.join, 10)
-            if process.is_alive():
-                process.kill()
+        await self.workers.stop()
         for live in list(self.live.values()):
             self._fail(live, "the server is shutting down")
 
@@ -258,22 +208,9 @@ class LiveDriver:
             self._apply([Migrate(live.request, live.request.decode_instance, target)])
 
     def _send(self, instance: int, command: Command) -> None:
-        if instance in self.failed:
-            return
-        try:
-            self._connections[instance].send(command)
-        except (OSError, BrokenPipeError):
-            self._on_exit(instance)
+        self.workers.send(instance, command)
 
     # ---- worker messages ----
-    def _drain(self, instance: int) -> None:
-        connection = self._connections[instance]
-        try:
-            while connection.poll():
-                self._on_message(connection.recv())
-        except (EOFError, OSError):
-            self._on_exit(instance)
-
     def _on_message(self, message: object) -> None:
         if isinstance(message, StepDone):
             self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
@@ -351,13 +288,12 @@ class LiveDriver:
         live.events.put_nowait(("error", message))
 
     # ---- faults and ticks ----
+    @property
+    def failed(self) -> set[int]:
+        return self.workers.exited
+
     def _on_exit(self, instance: int) -> None:
-        if instance in self.failed:
-            return
-        self.failed.add(instance)
-        assert self._loop is not None
-        self._loop.remove_reader(self._connections[instance].fileno())
-        self._loop.remove_reader(self._processes[instance].sentinel)
+        """A worker exited (called once per worker by `WorkerProcesses`)."""
         self.metrics.count("worker_failures")
         self._handle(InstanceFailed(instance))
         affected = [live for live in self.live.values()

@@ -12,7 +12,8 @@ from fastapi import FastAPI
 
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.tokenizer import TextTokenizer
-from pdserve.live.driver import LiveDriver, WorkerSettings
+from pdserve.live.driver import LiveDriver
+from pdserve.live.processes import WorkerSettings
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.server.app import create_app
