@@ -1,12 +1,13 @@
 """Live vs simulated: the same replay on 4 `tiny` workers and in the simulator.
 
-1. `pdserve profile` the engine (full grid) -> a fitted performance model.
+1. `pdserve profile` the engine (full grid) twice: alone, and with 3 other workers decoding
+   (`--contention 3`, the CPU sharing of 4 workers on this machine).
 2. SLOs calibrated from that profile, for this machine: TTFT SLO = 4x the predicted prefill
    time of the clip's P90 prompt; TPOT SLO = 4x a decode step of 8 sequences at the clip's
    median context (prompt + half the output cap).
 3. For colocated (4 mixed), static-pd 2P2D and arrow (2P2D start): start `pdserve serve` as
    a subprocess, replay the clip with real HTTP streaming (`pdserve bench`'s client), stop.
-4. Simulate the identical workload on the profiled model with the same instance settings.
+4. Simulate the identical workload on each profile with the same instance settings.
 Prints attainment and latency percentiles side by side; writes JSON to --out.
 
     python bench/live_policies.py --out docs/results/live      # about 6 minutes
@@ -59,7 +60,7 @@ def live_run(policy: str, perf_file: Path, slo: SLO, workload, timeout_s: float)
 
 
 def row(label: str, summary: Summary) -> str:
-    return (f"{label:<22}{summary.slo_attainment:>8.1%}{summary.ttft_s.p50:>9.3f}"
+    return (f"{label:<36}{summary.slo_attainment:>8.1%}{summary.ttft_s.p50:>9.3f}"
             f"{summary.ttft_s.p90:>9.3f}{summary.tpot_s.p50:>9.4f}{summary.tpot_s.p90:>9.4f}"
             f"{summary.completed:>6}/{summary.requests}")
 
@@ -75,11 +76,13 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     perf_file = args.out / "tiny-profile.json"
+    contended_file = args.out / "tiny-profile-contention3.json"
     started = time.perf_counter()
     perf = profile_engine("tiny", KV_BLOCKS, ProfileGrid())
     perf.save(perf_file)
-    print(f"profiled tiny in {time.perf_counter() - started:.0f}s: prefill R2 "
-          f"{perf.prefill.r2:.4f}, decode R2 {perf.decode.r2:.4f}")
+    profile_engine("tiny", KV_BLOCKS, ProfileGrid(), contention=3).save(contended_file)
+    print(f"profiled tiny alone and under contention in {time.perf_counter() - started:.0f}s: "
+          f"prefill R2 {perf.prefill.r2:.4f}, decode R2 {perf.decode.r2:.4f}")
     workload = (load_trace("azure-conv").window(args.start).scaled(args.rate_scale)
                 .window(0.0, args.duration)
                 .clipped(args.max_input_tokens, args.max_output_tokens))
@@ -92,7 +95,7 @@ def main() -> None:
           f"(8 x {median_context} tokens)")
     report = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
               "requests": len(workload), "policies": {}}
-    print(f"{'run':<22}{'attain':>8}{'TTFT50':>9}{'TTFT90':>9}{'TPOT50':>9}{'TPOT90':>9}"
+    print(f"{'run':<36}{'attain':>8}{'TTFT50':>9}{'TTFT90':>9}{'TPOT50':>9}{'TPOT90':>9}"
           f"{'done':>10}")
     for policy in POLICIES:
         live = summarize(live_run(policy, perf_file, slo, workload, args.duration + 180), slo)
@@ -101,15 +104,18 @@ def main() -> None:
                            chunk_size_tokens=CHUNK, max_batch_size=MAX_BATCH,
                            ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s,
                            monitor_interval_s=0.5)
-        simulated = summarize(Experiment(config, workload, PerfModel.load(perf_file))
-                              .simulate(1.0).requests, slo)
-        print(row(f"{policy} live", live))
-        print(row(f"{policy} simulated", simulated))
+        runs = {"live": live}
+        for kind, model_file in (("sim, profile alone", perf_file),
+                                 ("sim, profile contended", contended_file)):
+            experiment = Experiment(config, workload, PerfModel.load(model_file))
+            runs[kind] = summarize(experiment.simulate(1.0).requests, slo)
+        for kind, summary in runs.items():
+            print(row(f"{policy} {kind}", summary))
         report["policies"][policy] = {
             kind: {"slo_attainment": s.slo_attainment, "ttft_p50_s": s.ttft_s.p50,
                    "ttft_p90_s": s.ttft_s.p90, "tpot_p50_s": s.tpot_s.p50,
                    "tpot_p90_s": s.tpot_s.p90, "completed": s.completed}
-            for kind, s in (("live", live), ("simulated", simulated))}
+            for kind, s in runs.items()}
     (args.out / "live_policies.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"total {time.perf_counter() - started:.0f}s; wrote {args.out}/")
 

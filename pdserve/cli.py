@@ -156,6 +156,9 @@ def _profile_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("perf-model.json"),
                    help="where to write the model [perf-model.json]")
     p.add_argument("--quick", action="store_true", help="a smaller grid (seconds, not minutes)")
+    p.add_argument("--contention", type=int, default=0,
+                   help="other engine processes decoding during the measurement; use the "
+                   "deployment's instances - 1 to include its CPU sharing [0]")
     p.set_defaults(handler=_run_profile)
 
 
@@ -169,7 +172,7 @@ def _run_profile(args: argparse.Namespace) -> int:
         raise ValueError(f"--kv-blocks must be positive, got {args.kv_blocks}")
     grid = QUICK_GRID if args.quick else ProfileGrid()
     model = profile_engine(args.model, args.kv_blocks, grid,
-                           lambda message: print(f"  {message}", flush=True))
+                           lambda message: print(f"  {message}", flush=True), args.contention)
     model.save(args.out)
     p, d, t = model.prefill, model.decode, model.transfer
     print(f"prefill  {p.intercept_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us/token + "

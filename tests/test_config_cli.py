@@ -87,3 +87,18 @@ def test_profile_writes_a_model_the_simulator_loads(tmp_path, capsys):
                  "--perf-model", str(out), "--policy", "colocated", "--instances", "2",
                  "--no-progress"]) == 0
     assert "requests 30  completed 30" in capsys.readouterr().out
+
+
+def test_profile_under_contention_labels_the_model_and_cleans_up():
+    import multiprocessing
+
+    import pytest
+
+    from pdserve.engine.profile import QUICK_GRID, profile_engine
+
+    shared = profile_engine("tiny", 64, QUICK_GRID, contention=2)
+    assert "2 other workers decoding" in shared.name
+    assert shared.prefill.per_token_s > 0 and shared.kv_capacity_tokens == 64 * 16
+    assert multiprocessing.active_children() == []  # the decoding helpers are gone
+    with pytest.raises(ValueError, match="contention must not be negative"):
+        profile_engine("tiny", 64, QUICK_GRID, contention=-1)

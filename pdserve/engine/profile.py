@@ -7,15 +7,21 @@ Measures, with one torch thread (as a worker runs):
 Each point is the median of `repeats` runs after a warm-up. The fits (`pdserve.perf.fit`)
 and their R^2 go into a `PerfModel` file, which `pdserve simulate --perf-model` and Arrow's
 TTFT predictor load.
+
+`contention` other processes run the same model decoding a batch in a loop while the
+measurement runs, so the fitted times include the CPU (and memory bandwidth) sharing of a
+deployment with that many other workers on the machine.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -48,8 +54,71 @@ def _median(times: list[float]) -> float:
     return statistics.median(times[1:])  # the first run is a warm-up
 
 
+def _busy_decoder(model_name: str, ready, stop) -> None:
+    """A background process decoding 8 sequences until told to stop."""
+    torch.set_num_threads(1)
+    model, tokenizer = load_model(model_name)
+    engine = Engine(model, tokenizer, 512)
+    params = SamplingParams(max_tokens=512, ignore_eos=True)
+
+    def restart() -> None:
+        for rid in range(8):
+            if rid in engine.sequences:
+                engine.release(rid)
+            engine.add(rid, [5] * 256, params)
+            engine.run([], [(rid, 256)])
+
+    restart()
+    ready.set()
+    steps = 0
+    while not stop.is_set():
+        engine.run(list(range(8)), [])
+        steps += 1
+        if steps % 200 == 0:  # stay within max_tokens and the pool: start over
+            restart()
+
+
+@contextmanager
+def _contention(model_name: str, processes: int) -> Iterator[None]:
+    if processes <= 0:
+        yield
+        return
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    readies = [context.Event() for _ in range(processes)]
+    workers = [context.Process(target=_busy_decoder, args=(model_name, ready, stop), daemon=True)
+               for ready in readies]
+    for worker in workers:
+        worker.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not all(ready.is_set() for ready in readies):
+            if time.monotonic() > deadline or not all(w.is_alive() for w in workers):
+                raise RuntimeError("a contention process did not start")
+            time.sleep(0.1)
+        yield
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+
+
 def profile_engine(model_name: str, kv_blocks: int = 4096, grid: ProfileGrid = ProfileGrid(),
-                   progress: Callable[[str], None] | None = None) -> PerfModel:
+                   progress: Callable[[str], None] | None = None,
+                   contention: int = 0) -> PerfModel:
+    if contention < 0:
+        raise ValueError(f"contention must not be negative, got {contention}")
+    with _contention(model_name, contention):
+        model = _measure(model_name, kv_blocks, grid, progress)
+    if contention:
+        model = replace(model, name=f"{model.name}, {contention} other workers decoding")
+    return model
+
+
+def _measure(model_name: str, kv_blocks: int, grid: ProfileGrid,
+             progress: Callable[[str], None] | None) -> PerfModel:
     torch.set_num_threads(1)
     model, tokenizer = load_model(model_name)
     say = progress or (lambda message: None)
