@@ -198,3 +198,31 @@ def test_counters_stay_consistent_under_any_load(requests, total_blocks, chunk, 
     assert sorted(r.request_id for r in finished) == sorted(r.request_id for r in all_requests)
     assert all(r.generated_tokens == r.output_tokens for r in finished)
     assert local.used_blocks == 0
+
+
+def test_abort_frees_a_request_wherever_it_is():
+    """Cancelled clients: waiting, mid-prefill, held for hand-off, queued or ready transfers,
+    and running decodes all leave with their blocks and load."""
+    local = LocalScheduler(0, total_blocks=200, chunk_size_tokens=64)
+    waiting, partial, held = req(1, 500, 5), req(2, 100, 5), req(3, 30, 5)
+    for request in (held, partial, waiting):
+        local.enqueue_prefill(request)
+    plan = local.plan()  # held (30) completes; partial gets 34 of 100 tokens
+    result = local.complete(plan)
+    assert result.prefilled == [held] and partial.request_id in local.prefills.active
+    decoding = req(4, 40, 50)
+    decoding.generated_tokens = 1
+    local.enqueue_transfer_in(decoding)
+    queued = req(5, 40, 50)
+    queued.generated_tokens = 1
+    local.enqueue_transfer_in(queued)
+    for request in local.admit_transfers():
+        local.transfer_done(request)
+    local.plan()  # both transfers join the running decodes
+    running_plan_requests = list(local.running.values())
+    assert decoding in running_plan_requests
+    for request in (waiting, partial, held, decoding, queued):
+        local.abort(request)
+        check_counters(local, sum(blocks for _, blocks in local.held.values()))
+    assert local.used_blocks == 0 and len(local.prefills) == 0
+    assert not local.running and not local.held and local.decode_queue_len == 0
