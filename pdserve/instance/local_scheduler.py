@@ -22,6 +22,7 @@ arrives, giving exactly the state that running the steps one by one gives.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pdserve.instance.prefill_queue import PrefillQueue
@@ -39,7 +40,7 @@ class BatchPlan:
     decode_context_tokens: int = 0  # sum of sequence lengths at the first step
     prefill_tokens: int = 0
     prefill_attn_units: int = 0
-    preempted: list[Request] = field(default_factory=list)  # lost their KV in this plan
+    preempted: Sequence[Request] = ()  # lost their KV since the previous plan
 
 
 @dataclass(slots=True)
@@ -113,7 +114,9 @@ class LocalScheduler:
         self._to_ready(held)
 
     def release_handoff(self, request: Request) -> None:
-        """Free the KV of a request that has been transferred to another instance."""
+        """Free the KV of a request that has been transferred to another instance. Only this
+        instance's count is touched: in simulation the target shares the `Request` object
+        and has already put its own reservation in `request.kv_blocks`."""
         _, blocks = self.held.pop(request.request_id)
         self.free_blocks += blocks
 
@@ -150,8 +153,7 @@ class LocalScheduler:
         decoding here (still prefilling, queued, or finished)."""
         if request.request_id not in self.running:
             return False
-        del self.running[request.request_id]
-        self.running_tokens -= request.sequence_tokens
+        self._drop_running(request)
         self.held[request.request_id] = (request, request.kv_blocks)
         request.kv_blocks = 0
         return True
@@ -160,22 +162,20 @@ class LocalScheduler:
         """Drop a request wherever it is (a cancelled client) and free its blocks. Not
         while it is in a planned batch: the driver aborts between steps."""
         rid = request.request_id
+        if rid in self.held:
+            self.release_handoff(request)
+            return
         if rid in self.running:
-            self._finish(self.running[rid], BatchResult())
+            self._drop_running(request)
         elif rid in self.prefills.active or request in self.prefills.waiting:
             self.prefills.drop(request)
-            self.free_blocks += request.kv_blocks
-            request.kv_blocks = 0
-        elif rid in self.held:
-            self.release_handoff(request)
         elif request in self.ready or request in self.transfer_queue or rid in self.transferring:
             for queue in (self.ready, self.transfer_queue):
                 if request in queue:
                     queue.remove(request)
             self.transferring.pop(rid, None)
             self.decode_queue_tokens -= request.sequence_tokens
-            self.free_blocks += request.kv_blocks
-            request.kv_blocks = 0
+        self._free_kv(request)
 
     # ---- batch formation ----
     def plan(self, max_steps: int = 1) -> BatchPlan | None:
@@ -190,9 +190,9 @@ class LocalScheduler:
         chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes), admit_waiting)
         if not decodes and not chunks:
             return None
-        plan = BatchPlan(decodes, chunks, decode_context_tokens=self.running_tokens,
-                         preempted=self._preempted_pending)
-        self._preempted_pending = []
+        plan = BatchPlan(decodes, chunks, decode_context_tokens=self.running_tokens)
+        if self._preempted_pending:  # rare: no list is built on the common path
+            plan.preempted, self._preempted_pending = self._preempted_pending, []
         for request, tokens in chunks:
             plan.prefill_tokens += tokens
             plan.prefill_attn_units += attn_units(tokens, request.prefilled_tokens)
@@ -345,8 +345,7 @@ class LocalScheduler:
         first = request.generated_tokens == 0
         request.generated_tokens += 1  # the prefill's last position samples a token
         if request.generated_tokens >= request.output_tokens or request.request_id in stopped:
-            self.free_blocks += request.kv_blocks
-            request.kv_blocks = 0
+            self._free_kv(request)
             result.finished.append(request)
         elif first:
             self.held[request.request_id] = (request, request.kv_blocks)
@@ -357,11 +356,17 @@ class LocalScheduler:
             self.running_tokens += request.sequence_tokens
 
     def _finish(self, request: Request, result: BatchResult) -> None:
+        self._drop_running(request)
+        self._free_kv(request)
+        result.finished.append(request)
+
+    def _drop_running(self, request: Request) -> None:
         del self.running[request.request_id]
         self.running_tokens -= request.sequence_tokens
+
+    def _free_kv(self, request: Request) -> None:
         self.free_blocks += request.kv_blocks
         request.kv_blocks = 0
-        result.finished.append(request)
 
     # ---- preemption ----
     def _newest_admitted(self) -> Request:
@@ -370,12 +375,10 @@ class LocalScheduler:
 
     def _preempt(self, request: Request) -> None:
         if request.request_id in self.running:
-            del self.running[request.request_id]
-            self.running_tokens -= request.sequence_tokens
+            self._drop_running(request)
         else:
             self.prefills.drop(request)
-        self.free_blocks += request.kv_blocks
-        request.kv_blocks = 0
+        self._free_kv(request)
         request.preemptions += 1
         self.preemptions_total += 1
         self._preempted_pending.append(request)
