@@ -204,3 +204,16 @@ def test_migrated_decodes_finish_exactly_and_fast_advance_still_equals_step_by_s
         assert outcome(slow_r)[3:] == outcome(fast_r)[3:]
         assert fast_r.finish_s == pytest.approx(slow_r.finish_s, rel=1e-9, abs=1e-9)
     assert fast_run.events < step_run.events
+
+
+def test_a_run_that_can_never_progress_fails_clearly_instead_of_hanging(monkeypatch):
+    """Reintroduce a KV leak (hand-offs never free the prefill side): the prefill
+    instance fills up and the run must end with an error, not tick forever."""
+    from pdserve.instance.local_scheduler import LocalScheduler
+
+    monkeypatch.setattr(LocalScheduler, "release_handoff",
+                        lambda self, request: self.held.pop(request.request_id))
+    perf = make_perf(kv_capacity_tokens=4_000)
+    workload = synthetic_workload(60, rate_rps=20.0, lengths="fixed:600:20", seed=1)
+    with pytest.raises(RuntimeError, match="simulation stalled"):
+        simulate("static-pd", workload.requests(), perf, span=1 << 20)

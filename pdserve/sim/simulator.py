@@ -46,6 +46,13 @@ from pdserve.types import KV_BLOCK_TOKENS, Request, Role
 _BATCH_DONE, _TRANSFER_DONE, _TICK = 0, 1, 2
 
 
+STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
+
+
+def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
+    return len(heap) == 1 and heap[0][2] == _TICK
+
+
 @dataclass
 class LoadSample:
     """Per-instance load at one monitor tick."""
@@ -124,8 +131,9 @@ class Simulator:
         self._outstanding = 0  # arrived and not yet finished or rejected
         self._completed = 0
         self._arrivals_pending = False
+        self._stalled_ticks = 0
         self._migrations: dict[int, Migrate] = {}  # waiting for their source's step boundary
-        self._transfer_source: dict[int, int] = {}  # migrations in flight: request -> source
+        self._transfer_source: dict[int, int] = {}  # KV in flight: request -> source
 
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:
@@ -181,12 +189,19 @@ class Simulator:
 
     def _dispatch_decode(self, action: DispatchDecode) -> None:
         request, source = action.request, self.instances[action.source_id]
-        request.decode_instance = action.target_id
         if action.target_id == action.source_id:
+            request.decode_instance = action.target_id
             self._touch(source)
             source.local.continue_in_place(request)
-            return
-        target = self.instances[action.target_id]
+        else:
+            self._send_kv(request, action.source_id, action.target_id)
+
+    def _send_kv(self, request: Request, source_id: int, target_id: int) -> None:
+        """Queue a held sequence's KV for `target_id`; `source_id` frees it when it lands
+        (a P->D hand-off or a migration alike)."""
+        self._transfer_source[request.request_id] = source_id
+        request.decode_instance = target_id
+        target = self.instances[target_id]
         self._touch(target)
         target.local.enqueue_transfer_in(request)
         self._start_transfers(target)
@@ -197,14 +212,8 @@ class Simulator:
             if action.source_id != source.local.instance_id:
                 continue
             del self._migrations[request_id]
-            if not source.local.detach(action.request):
-                continue  # finished or preempted meanwhile
-            self._transfer_source[request_id] = action.source_id
-            action.request.decode_instance = action.target_id
-            target = self.instances[action.target_id]
-            self._touch(target)
-            target.local.enqueue_transfer_in(action.request)
-            self._start_transfers(target)
+            if source.local.detach(action.request):  # else finished or preempted meanwhile
+                self._send_kv(action.request, action.source_id, action.target_id)
 
     def _start_transfers(self, target: SimInstance) -> None:
         now = self.view.now_s
@@ -239,8 +248,7 @@ class Simulator:
         self._kicked.append(instance)
 
     def _on_transfer_done(self, request: Request) -> None:
-        source = self.instances[self._transfer_source.pop(request.request_id,
-                                                          request.prefill_instance)]
+        source = self.instances[self._transfer_source.pop(request.request_id)]
         target = self.instances[request.decode_instance]
         self._touch(source)
         source.local.release_handoff(request)
@@ -256,6 +264,12 @@ class Simulator:
             list(self.scheduler.roles)))
         if self._outstanding > 0 or self._arrivals_pending:
             self._push(self.view.now_s + self.settings.monitor_interval_s, _TICK, None)
+
+    def _stalled(self) -> bool:
+        """Requests outstanding, none still to arrive, nothing running (and, as the caller
+        checks, nothing but the next monitor tick left to happen)."""
+        return (self._outstanding > 0 and not self._arrivals_pending
+                and all(instance.plan is None for instance in self.instances))
 
     # ---- main loop ----
     def run(self, requests: list[Request],
@@ -292,6 +306,13 @@ class Simulator:
             events += 1
             if self._kicked:
                 self._start_kicked()
+            if _only_tick_pending(heap):
+                self._stalled_ticks = self._stalled_ticks + 1 if self._stalled() else 0
+                if self._stalled_ticks >= STALL_TICKS:
+                    raise RuntimeError(
+                        f"simulation stalled at t={view.now_s:.3f}s: {self._outstanding} "
+                        f"requests are waiting but no instance has run anything for "
+                        f"{STALL_TICKS} monitor ticks (KV memory that never frees?)")
         if on_progress is not None:
             on_progress(self._completed)
         return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
