@@ -84,7 +84,6 @@ class LiveDriver:
                  max_outstanding: int = 256) -> None:
         self.scheduler = GlobalScheduler(policy, num_instances)
         self.tokenizer = tokenizer
-        self.settings = workers
         self.monitor_interval_s = monitor_interval_s
         self.max_outstanding = max_outstanding
         self.metrics = ServerMetrics()
@@ -97,7 +96,6 @@ class LiveDriver:
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.num_instances = num_instances
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -321,8 +319,8 @@ class LiveDriver:
 
     # ---- status ----
     def health(self) -> dict[str, object]:
-        alive = [i for i in range(self.num_instances) if i not in self.failed]
-        return {"status": "ok" if alive else "unavailable", "workers": self.num_instances,
+        alive = [i for i in range(self.workers.count) if i not in self.failed]
+        return {"status": "ok" if alive else "unavailable", "workers": self.workers.count,
                 "alive": alive, "failed": sorted(self.failed),
                 "roles": [role.value for role in self.scheduler.roles]}
 

@@ -7,7 +7,6 @@ cancels its request, which frees its KV on every worker.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -174,8 +173,6 @@ def create_app(driver: LiveDriver, model_name: str, context_tokens: int,
                         "param": None, "code": None}}) + "\n\n"
                     break
             yield "data: [DONE]\n\n"
-        except asyncio.CancelledError:
-            raise
         finally:
             if not finished:  # the client went away
                 driver.cancel(live.request.request_id)
