@@ -40,7 +40,7 @@ from pdserve.types import SLO
 POLICIES = {"colocated": (2, 2), "static-pd": (1, 1), "arrow": (1, 1)}  # prefill, decode
 KV_BLOCKS, CHUNK, MAX_BATCH, INSTANCES = 2048, 512, 64, 2
 STATS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
-RATE_CANDIDATES = (0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.4)
+RATE_CANDIDATES = (0.4, 0.8, 1.2, 1.4, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4)
 
 
 def stats_of(summary: Summary) -> dict[str, float]:
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--start", type=float, default=600.0, help="trace second to start at")
     parser.add_argument("--duration", type=float, default=60.0, help="replay seconds")
     parser.add_argument("--rate-scale", type=float, default=0.0, help="0: pick (step 2)")
-    parser.add_argument("--queueing-factor", type=float, default=3.0)
+    parser.add_argument("--queueing-factor", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-input-tokens", type=int, default=512)
     parser.add_argument("--max-output-tokens", type=int, default=64)
