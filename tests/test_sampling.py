@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from pdserve.engine.logits_processing import process_logits
-from pdserve.engine.sampling import SamplingParams, draw_uniform, sample_batch, token_logprobs
+from pdserve.engine.sampling import (
+    LOGPROB_FLOOR,
+    SamplingParams,
+    draw_uniform,
+    sample_batch,
+    token_logprobs,
+)
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 
@@ -176,6 +182,9 @@ def test_token_logprobs_are_log_softmax_with_sorted_alternatives():
     assert result[0].top == () and len(result[1].top) == 3
     assert result[1].top[0] == (tokens[1], pytest.approx(result[1].logprob))
     assert sum(math.exp(value) for _, value in result[2].top) == pytest.approx(1.0, abs=1e-5)
+    broken = token_logprobs(torch.tensor([[0.0, -math.inf, math.nan]]), [1], [3])[0]
+    assert broken.logprob == LOGPROB_FLOOR
+    assert all(math.isfinite(value) for _, value in broken.top)
 
 
 def test_stop_strings_count_only_from_min_tokens_on():

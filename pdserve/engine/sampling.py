@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 GREEDY_BELOW = 1e-5  # a temperature under this is greedy
 MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs limit)
+LOGPROB_FLOOR = -9999.0  # reported for log(0) and NaN
 _SEED_MIN, _SEED_END = -(2 ** 63), 2 ** 64  # what torch and numpy accept as seeds
 _PENALTY_LIMIT = 2.0  # OpenAI's range for presence and frequency penalties
 _BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias
@@ -223,8 +224,10 @@ def _key(row: SamplingState) -> int:
 def token_logprobs(logits: torch.Tensor, tokens: Sequence[int],
                    top: Sequence[int]) -> list[TokenLogprob]:
     """Log-softmax (float32) of raw logits rows: each row's `tokens[i]` and its top
-    `top[i]` alternatives."""
+    `top[i]` alternatives. Values that are not finite (only from non-finite logits) are
+    reported as LOGPROB_FLOOR, as vLLM does, so that they serialize as JSON."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logprobs = torch.nan_to_num(logprobs, nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)
     chosen = logprobs.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
     most = max(top, default=0)
     best_values, best_ids = ([], []) if most == 0 else (
