@@ -1,9 +1,12 @@
-"""Changes to a batch's logits before sampling, as tensor operations over the whole batch
-(no Python loop over the vocabulary): logit bias; OpenAI's presence and frequency penalties
-over the output tokens so far (`logit -= frequency * count + presence * (count > 0)`); the
+"""Changes to a batch's logits before sampling, in this order (vLLM's): logit bias; the
 repetition penalty of Keskar et al. 2019 (CTRL) as Hugging Face and vLLM apply it over prompt
-and output (a seen token's positive logit is divided by it, a negative one multiplied); and
-min_tokens, which masks EOS until that many output tokens exist.
+and output (a seen token's positive logit is divided by it, a negative one multiplied);
+OpenAI's presence and frequency penalties over the output tokens so far
+(`logit -= frequency * count + presence * (count > 0)`); and min_tokens, which masks EOS
+until that many output tokens exist.
+
+All are scatters over the batch's (row, token) occurrences: no Python loop over the
+vocabulary and no [rows, vocabulary] tensor besides the one copy of the logits.
 
 Output tokens are `token_ids[prompt_tokens:]`, so tokens resumed after a failover count.
 Token ids outside the vocabulary are ignored (the server refuses them first).
@@ -11,6 +14,7 @@ Token ids outside the vocabulary are ignored (the server refuses them first).
 
 from __future__ import annotations
 
+import array
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from pdserve.engine.sampling import SamplingState
+    from pdserve.engine.sampling import SamplingParams, SamplingState
 
 
 def _suppresses_eos(row: SamplingState, eos_token_ids: Sequence[int]) -> bool:
@@ -29,7 +33,8 @@ def _suppresses_eos(row: SamplingState, eos_token_ids: Sequence[int]) -> bool:
 
 def _has_penalty(row: SamplingState) -> bool:
     params = row.params
-    return bool(params.presence_penalty or params.frequency_penalty)
+    return bool(params.presence_penalty or params.frequency_penalty
+                or params.repetition_penalty != 1)
 
 
 def process_logits(logits: torch.Tensor, rows: Sequence[SamplingState],
@@ -38,9 +43,8 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingState],
     mask applied, or None when no row asks for any (the common case costs nothing)."""
     biased = [i for i, row in enumerate(rows) if row.params.logit_bias]
     penalized = [i for i, row in enumerate(rows) if _has_penalty(row)]
-    repeated = [i for i, row in enumerate(rows) if row.params.repetition_penalty != 1]
     no_eos = [i for i, row in enumerate(rows) if _suppresses_eos(row, eos_token_ids)]
-    if not (biased or penalized or repeated or no_eos):
+    if not (biased or penalized or no_eos):
         return None
     scores = logits.to(torch.float32, copy=True)
     vocab = scores.shape[1]
@@ -52,18 +56,8 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingState],
             scores.index_put_((torch.tensor(at_rows), torch.tensor(at_tokens)),
                               torch.tensor(values, dtype=torch.float32), accumulate=True)
     if penalized:
-        counts = _token_counts([rows[i] for i in penalized], vocab, output_only=True)
-        frequency = torch.tensor([rows[i].params.frequency_penalty for i in penalized])
-        presence = torch.tensor([rows[i].params.presence_penalty for i in penalized])
-        scores[penalized] -= (counts * frequency.unsqueeze(1)
-                              + (counts > 0) * presence.unsqueeze(1))
-    if repeated:
-        seen = _token_counts([rows[i] for i in repeated], vocab, output_only=False) > 0
-        penalty = torch.tensor([rows[i].params.repetition_penalty
-                                for i in repeated]).unsqueeze(1)
-        current = scores[repeated]
-        penalized_scores = torch.where(current > 0, current / penalty, current * penalty)
-        scores[repeated] = torch.where(seen, penalized_scores, current)
+        _penalize(scores, penalized, [rows[i].params for i in penalized],
+                  *_occurrences([rows[i] for i in penalized], vocab))
     if no_eos:
         eos = torch.tensor([token for token in eos_token_ids if 0 <= token < vocab],
                            dtype=torch.long)
@@ -71,20 +65,52 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingState],
     return scores
 
 
-def _token_counts(rows: Sequence[SamplingState], vocab: int, output_only: bool) -> torch.Tensor:
-    """[rows, vocab] float32 occurrences of each token in each row's output (or its prompt
-    and output)."""
-    counts = torch.zeros(len(rows), vocab)
-    lengths, tokens = [], []
+def _penalize(scores: torch.Tensor, batch_rows: list[int], params: list[SamplingParams],
+              at_rows: torch.Tensor, at_tokens: torch.Tensor, in_output: torch.Tensor) -> None:
+    """Repetition, then presence and frequency penalties (neutral values where a row has
+    only some of them) at the (row, token) occurrences given (`at_rows` index
+    `batch_rows`)."""
+    vocab = scores.shape[1]
+    to_batch = torch.tensor(batch_rows)
+    repetition = torch.tensor([p.repetition_penalty for p in params])
+    pairs = torch.unique(at_rows * vocab + at_tokens)  # each seen (row, token) once
+    rows_seen, tokens_seen = pairs // vocab, pairs % vocab
+    current = scores[to_batch[rows_seen], tokens_seen]
+    penalty = repetition[rows_seen]
+    scores[to_batch[rows_seen], tokens_seen] = torch.where(current > 0, current / penalty,
+                                                           current * penalty)
+    frequency = torch.tensor([p.frequency_penalty for p in params])
+    presence = torch.tensor([p.presence_penalty for p in params])
+    out_rows, out_tokens = at_rows[in_output], at_tokens[in_output]
+    scores.index_put_((to_batch[out_rows], out_tokens), -frequency[out_rows],
+                      accumulate=True)  # summed over occurrences: count * penalty
+    pairs = torch.unique(out_rows * vocab + out_tokens)
+    rows_seen, tokens_seen = pairs // vocab, pairs % vocab
+    scores.index_put_((to_batch[rows_seen], tokens_seen), -presence[rows_seen],
+                      accumulate=True)
+
+
+def _occurrences(rows: Sequence[SamplingState],
+                 vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(index into `rows`, token id, whether it is an output token) of every token of each
+    row, ids outside the vocabulary left out; one tensor conversion for the batch."""
+    lengths, prompts, tokens = [], [], []
     for row in rows:
-        ids = row.token_ids[row.prompt_tokens:] if output_only else row.token_ids
-        lengths.append(len(ids))
-        tokens += ids
-    if not tokens:
-        return counts
-    token_tensor = torch.tensor(tokens, dtype=torch.long)
-    row_tensor = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths))
+        lengths.append(len(row.token_ids))
+        prompts.append(row.prompt_tokens)
+        tokens += row.token_ids
+    counts = torch.tensor(lengths)
+    token_tensor = _long_tensor(tokens)
+    row_tensor = torch.repeat_interleave(torch.arange(len(rows)), counts)
+    starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    in_output = (torch.arange(len(tokens)) - starts
+                 >= torch.repeat_interleave(torch.tensor(prompts), counts))
     inside = (token_tensor >= 0) & (token_tensor < vocab)
-    counts.index_put_((row_tensor[inside], token_tensor[inside]),
-                      torch.ones(int(inside.sum())), accumulate=True)
-    return counts
+    return row_tensor[inside], token_tensor[inside], in_output[inside]
+
+
+def _long_tensor(values: list[int]) -> torch.Tensor:
+    """An int64 tensor of a long list, several times faster than `torch.tensor(list)`."""
+    if not values:
+        return torch.empty(0, dtype=torch.long)
+    return torch.frombuffer(array.array("q", values), dtype=torch.long)

@@ -133,7 +133,7 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SamplingState],
     tokens = [0] * len(rows)
     greedy = [i for i, row in enumerate(rows) if row.params.greedy]
     drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
-    chosen, usable = _draw(scores[drawn], [rows[i] for i in drawn])
+    chosen, usable = _draw(_take(scores, drawn), [rows[i] for i in drawn])
     unusable = [i for i, ok in zip(drawn, usable, strict=True) if not ok]
     for indices, picked in ((drawn, chosen), (greedy, _greedy(scores, rows, greedy)),
                             (unusable, _greedy(scores, rows, unusable, fallback=True))):
@@ -142,57 +142,63 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SamplingState],
     return tokens
 
 
+def _take(scores: torch.Tensor, indices: Sequence[int]) -> torch.Tensor:
+    """The given rows (ascending, distinct), without a copy when they are all the rows."""
+    return scores if len(indices) == len(scores) else scores[list(indices)]
+
+
 def _greedy(scores: torch.Tensor, rows: Sequence[SamplingState], indices: Sequence[int],
             fallback: bool = False) -> list[int]:
     """Argmax of the given rows; NaN never wins. Logs each row that falls back here from
-    sampling and each greedy row with non-finite logits."""
+    sampling and each greedy row with NaN logits."""
     if not indices:
         return []
-    picked = scores if len(indices) == len(scores) else scores[list(indices)]
-    finite = torch.isfinite(picked).all(dim=-1)
-    if fallback or not bool(finite.all()):
-        logged = range(len(indices)) if fallback else (~finite).nonzero().flatten().tolist()
+    picked = _take(scores, indices)
+    best = torch.argmax(picked, dim=-1)  # torch's argmax picks a NaN if there is one
+    has_nan = torch.isnan(picked.gather(1, best.unsqueeze(1)).squeeze(1))
+    if fallback or bool(has_nan.any()):
+        logged = range(len(indices)) if fallback else has_nan.nonzero().flatten().tolist()
         for position in logged:
             logger.warning("request %d: %s distribution unusable (non-finite logits or no "
                            "probability left after filtering); this token is greedy",
                            rows[indices[position]].request_id,
                            "sampling" if fallback else "greedy")
-        picked = torch.nan_to_num(picked.float(), nan=-math.inf)
-    return torch.argmax(picked, dim=-1).tolist()
+        best = torch.argmax(torch.nan_to_num(picked.float(), nan=-math.inf), dim=-1)
+    return best.tolist()
 
 
 def _draw(scores: torch.Tensor, rows: Sequence[SamplingState]) -> tuple[list[int], list[bool]]:
     """One seeded draw per row (temperature, then top-k, top-p and min-p); returns the
-    tokens and whether each row's distribution was usable. Rows with filters draw by
-    inverse CDF over the tokens sorted by probability, the others over vocabulary order:
-    which path a row takes depends only on its own parameters, so its draw does not depend
-    on the rest of the batch."""
+    tokens and whether each row's distribution was usable. Rows without filters draw by
+    inverse CDF in vocabulary order; rows with filters over their candidates sorted by
+    probability: the top k (`torch.topk`, linear in the vocabulary) or, without top-k, the
+    whole sorted vocabulary. Rows are grouped by that path and k, which depend only on the
+    row's own parameters, so no row's draw depends on the rest of the batch."""
     tokens, usable = [0] * len(rows), [False] * len(rows)
-    filtered = [i for i, row in enumerate(rows) if _filters(row.params)]
-    plain = [i for i, row in enumerate(rows) if not _filters(row.params)]
-    for group, sort in ((filtered, True), (plain, False)):
-        if group:
-            picked, ok = _draw_group(scores[group], [rows[i] for i in group], sort)
-            for i, token, fine in zip(group, picked, ok, strict=True):
-                tokens[i], usable[i] = token, fine
+    groups: dict[int, list[int]] = {}  # -1: no filter, 0: sort all, k: top k
+    for i, row in enumerate(rows):
+        params = row.params
+        filtered = params.top_k or params.top_p < 1 or params.min_p > 0
+        groups.setdefault(params.top_k if filtered else -1, []).append(i)
+    for candidates, group in groups.items():
+        picked, ok = _draw_group(_take(scores, group), [rows[i] for i in group], candidates)
+        for i, token, fine in zip(group, picked, ok, strict=True):
+            tokens[i], usable[i] = token, fine
     return tokens, usable
 
 
-def _filters(params: SamplingParams) -> bool:
-    return bool(params.top_k or params.top_p < 1 or params.min_p > 0)
-
-
 def _draw_group(scores: torch.Tensor, rows: Sequence[SamplingState],
-                sort: bool) -> tuple[list[int], list[bool]]:
-    vocab = scores.shape[1]
+                candidates: int) -> tuple[list[int], list[bool]]:
+    """`candidates`: -1 all tokens in vocabulary order, 0 all sorted, k the top k sorted."""
     params = [row.params for row in rows]
     temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
     scaled = (scores - scores.max(dim=-1, keepdim=True).values) / temperature
     order = None
-    if sort:
-        scaled, order = torch.sort(scaled, dim=-1, descending=True)
-        top_k = torch.tensor([p.top_k or vocab for p in params]).unsqueeze(1)
-        scaled = scaled.masked_fill(torch.arange(vocab) >= top_k, -math.inf)
+    if candidates == 0:
+        scaled, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    elif candidates > 0:
+        scaled, order = torch.topk(scaled, min(candidates, scaled.shape[1]), dim=-1)
+    if order is not None:
         probs = torch.softmax(scaled, dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64).unsqueeze(1)
@@ -202,18 +208,22 @@ def _draw_group(scores: torch.Tensor, rows: Sequence[SamplingState],
         probs = probs.masked_fill(drop, 0.0)
     else:
         probs = torch.softmax(scaled, dim=-1)
+    width = probs.shape[1]
     cdf = torch.cumsum(probs, dim=-1)
-    total = cdf[:, -1]
-    usable = torch.isfinite(cdf).all(dim=-1) & (total > 0)
+    total = cdf[:, -1]  # NaN if any probability is (softmax of NaN or of +inf logits)
+    usable = torch.isfinite(total) & (total > 0)
     uniform = torch.tensor([draw_uniform(_key(row), len(row.token_ids) - row.prompt_tokens)
                             for row in rows], dtype=torch.float64)
     target = (uniform * total.double()).to(cdf.dtype).unsqueeze(1)
-    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    last_kept = torch.where(probs > 0, torch.arange(vocab), -1).max(dim=-1).values
-    index = torch.minimum(index, last_kept).clamp(min=0)
+    # the first token whose cdf exceeds the target has probability > 0, unless rounding
+    # put the target at the total: then take the last token with probability > 0
+    index = torch.searchsorted(cdf, target, right=True).clamp(max=width - 1)
+    if bool((probs.gather(1, index) == 0).any()):
+        last_kept = torch.where(probs > 0, torch.arange(width), 0).max(dim=-1, keepdim=True)
+        index = torch.minimum(index, last_kept.values)
     if order is not None:
-        index = order.gather(1, index.unsqueeze(1)).squeeze(1)
-    return index.tolist(), usable.tolist()
+        index = order.gather(1, index)
+    return index.squeeze(1).tolist(), usable.tolist()
 
 
 def _key(row: SamplingState) -> int:
