@@ -45,6 +45,7 @@ def draws(logits: torch.Tensor, params: SamplingParams, count: int = 300) -> lis
     ("repetition_penalty", math.inf), ("logit_bias", ((5, 101.0),)),
     ("logit_bias", ((-1, 1.0),)), ("logit_bias", ((5, math.nan),)), ("min_tokens", -1),
     ("min_tokens", 17), ("logprobs", -1), ("logprobs", 21), ("prompt_logprobs", 21),
+    ("max_tokens", 4.0), ("top_k", True), ("seed", "5"), ("logit_bias", ((5.0, 1.0),)),
 ])
 def test_out_of_range_parameters_are_refused_naming_the_field(field_name, value):
     with pytest.raises(ValueError, match=f"^{field_name} must be"):

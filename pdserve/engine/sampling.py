@@ -73,6 +73,14 @@ class SamplingParams:
         def refuse(name: str, rule: str) -> None:
             raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
+        for name in ("max_tokens", "top_k", "min_tokens", "seed", "logprobs",
+                     "prompt_logprobs"):
+            value = getattr(self, name)
+            optional = name in ("seed", "logprobs", "prompt_logprobs")
+            if type(value) is not int and not (optional and value is None):
+                refuse(name, "an integer")
+        if any(type(token_id) is not int for token_id, _ in self.logit_bias):
+            refuse("logit_bias", "keyed by integer token ids")
         if self.max_tokens < 1:
             refuse("max_tokens", "at least 1")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
