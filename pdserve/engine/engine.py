@@ -67,15 +67,23 @@ class Engine:
         self.sequences: dict[int, Sequence] = {}
 
     # ---- sequences ----
-    def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
+    def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams,
+            resume_ids: tuple[int, ...] | list[int] = ()) -> None:
+        """Start a sequence. `resume_ids` are tokens an earlier attempt already generated:
+        they are prefilled with the prompt and count as generated (in `max_tokens`)."""
         if request_id in self.sequences:
             raise ValueError(f"request {request_id} is already on this engine")
         if not prompt_ids:
             raise ValueError("a prompt needs at least one token")
+        self._check_vocab("prompt", prompt_ids)
+        self._check_vocab("resumed output", resume_ids)
         limit = self.model.config.max_position_embeddings
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) plus max_tokens "
                              f"({params.max_tokens}) exceeds the context length {limit}")
+        if len(resume_ids) >= params.max_tokens:
+            raise ValueError(f"{len(resume_ids)} resumed tokens leave nothing to generate "
+                             f"under max_tokens {params.max_tokens}")
         generator = None
         if params.temperature > 0:
             generator = torch.Generator()
@@ -85,8 +93,18 @@ class Engine:
             if self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer; this model has none")
             stream = TextStream(self.tokenizer, params.stop)
-        self.sequences[request_id] = Sequence(request_id, list(prompt_ids), len(prompt_ids),
-                                              params, generator, stream=stream)
+            for token in resume_ids:  # a stop string may span the resumed boundary
+                stream.push(token)
+        self.sequences[request_id] = Sequence(request_id, [*prompt_ids, *resume_ids],
+                                              len(prompt_ids), params, generator,
+                                              stream=stream)
+
+    def _check_vocab(self, what: str, token_ids: tuple[int, ...] | list[int]) -> None:
+        vocab = self.model.config.vocab_size
+        for position, token in enumerate(token_ids):
+            if not (isinstance(token, int) and 0 <= token < vocab):
+                raise ValueError(f"{what} token id {token!r} at position {position} is "
+                                 f"outside the vocabulary (0..{vocab - 1})")
 
     def release(self, request_id: int) -> Sequence:
         """Forget a sequence and free its blocks (finished, cancelled or moved away)."""

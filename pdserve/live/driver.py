@@ -7,18 +7,23 @@ request's text to its HTTP handler through an asyncio queue. The scheduler's vie
 worker's latest `InstanceStats`; a dispatch also bumps the target's snapshot at once, so
 a burst between two reports does not all land on one instance.
 
-Faults: a worker that exits is reported to the scheduler (`InstanceFailed`) and every
-request touching it is re-run elsewhere from its prompt; sampling is seeded per request, so
-the re-run regenerates the tokens already streamed, which are skipped. With no instance
-left, requests fail with an error. Admission is bounded: past `max_outstanding` requests,
-`submit` raises `Overloaded` (the server answers 429).
+Faults (`failover.py` holds the rules): a request that fails on a worker fails alone
+(`WorkerError`). A worker that exits is reported to the scheduler (`InstanceFailed`), its
+requests are re-run on live instances resuming after the tokens the client has seen (at
+most once each), except those in the batch a crashed worker was running, which fail; the
+supervisor restarts the worker and the scheduler takes it back (`InstanceRecovered`).
+Each attempt of a request has its own worker-side request id, so a late token of an
+abandoned attempt can never reach the client. Admission is bounded: past
+`max_outstanding` requests, `submit` raises `Overloaded` (the server answers 429).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from pdserve.cluster.messages import (
@@ -29,6 +34,7 @@ from pdserve.cluster.messages import (
     DispatchPrefill,
     Finished,
     InstanceFailed,
+    InstanceRecovered,
     Migrate,
     PrefillDone,
     Reject,
@@ -41,6 +47,9 @@ from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
+from pdserve.instance.stats import InstanceStats
+from pdserve.live import status
+from pdserve.live.failover import verdict
 from pdserve.live.messages import (
     AddRequest,
     AdoptKV,
@@ -49,9 +58,11 @@ from pdserve.live.messages import (
     ContinueInPlace,
     Detach,
     Detached,
+    Executing,
     Prefilled,
     ReleaseKV,
     SetChunk,
+    StatsReport,
     StepDone,
     Transferred,
     WorkerError,
@@ -61,6 +72,8 @@ from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
+log = logging.getLogger("pdserve.live")
+
 
 class Overloaded(Exception):
     """Too many requests in flight; retry later."""
@@ -68,14 +81,24 @@ class Overloaded(Exception):
 
 @dataclass
 class LiveRequest:
+    """A client's request. `request` is its current attempt (a re-run after a worker death
+    is a new `Request` with a new id); `client_id` is the id of the first attempt."""
+
     request: Request
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     stream: TextStream
-    events: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
-    tokens_sent: int = 0  # tokens already streamed to the client
-    skip_tokens: int = 0  # tokens a re-run will regenerate that were already streamed
+    events: asyncio.Queue[tuple[str, object]] = field(default_factory=asyncio.Queue)
+    client_id: int = 0
+    token_ids: list[int] = field(default_factory=list)  # streamed to the client
+    retries: int = 0
     finish_reason: str = ""
+    error_status: int = 0  # HTTP status of a failure: 400 its content, 500/503 the server's
+    error_type: str = ""  # OpenAI error type: invalid_request_error, server_error, ...
+
+    @property
+    def tokens_sent(self) -> int:
+        return len(self.token_ids)
 
 
 class LiveDriver:
@@ -88,19 +111,20 @@ class LiveDriver:
         self.max_outstanding = max_outstanding
         self.metrics = ServerMetrics()
         self.view = ClusterView(0.0, [])
-        self.live: dict[int, LiveRequest] = {}
+        self.live: dict[int, LiveRequest] = {}  # by current attempt id
         self._pending_handoffs: dict[int, KVHandoff] = {}  # prefilled, awaiting a decode target
         self._migration_targets: dict[int, int] = {}  # detach asked: request -> target
         self._transfer_sources: dict[int, int] = {}  # KV copy in flight: request -> source
+        self._executing: dict[int, frozenset[int]] = {}  # instance -> its running batch
+        self.role_changes: deque[tuple[float, int, str, str]] = deque(maxlen=32)
         self.workers = WorkerProcesses(workers, num_instances)
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- lifecycle ----
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.view.instances = await self.workers.start(self._on_message, self._on_exit)
+        self.view.instances = await self.workers.start(self._on_message, self._on_exit,
+                                                       self._on_ready)
         self._tick_task = asyncio.create_task(self._ticks())
 
     async def close(self) -> None:
@@ -108,7 +132,7 @@ class LiveDriver:
             self._tick_task.cancel()
         await self.workers.stop()
         for live in list(self.live.values()):
-            self._fail(live, "the server is shutting down")
+            self._fail(live, "the server is shutting down", 503, "shutdown")
 
     # ---- requests ----
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> LiveRequest:
@@ -119,22 +143,39 @@ class LiveDriver:
         self._next_id += 1
         request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens)
         live = LiveRequest(request, tuple(prompt_ids), params,
-                           TextStream(self.tokenizer, params.stop))
+                           TextStream(self.tokenizer, params.stop), client_id=self._next_id)
         self.live[request.request_id] = live
         self.metrics.count("requests")
         self._handle(Arrival(request))
         return live
 
     def cancel(self, request_id: int) -> None:
-        """The client went away: stop the request and free its KV everywhere."""
-        live = self.live.pop(request_id, None)
+        """The client went away: stop the request and free its KV everywhere. Either id of
+        the request (its first or its current attempt's) names it."""
+        live = self.live.get(request_id) or next(
+            (x for x in self.live.values() if x.client_id == request_id), None)
         if live is None:
             return
         self.metrics.count("cancellations")
-        holders = {live.request.prefill_instance, live.request.decode_instance,
-                   self._transfer_sources.pop(request_id, -1)}
-        for instance in holders - {-1}:
-            self._send(instance, Cancel(request_id))
+        self._drop(live)
+
+    def _holders(self, live: LiveRequest) -> set[int]:
+        """Instances holding state of the request's current attempt."""
+        request = live.request
+        if request.decode_instance < 0:
+            return {request.prefill_instance} - {-1}
+        source = self._transfer_sources.get(request.request_id, -1)
+        return {request.decode_instance, source} - {-1}
+
+    def _drop(self, live: LiveRequest, except_instance: int = -1) -> None:
+        """Forget the current attempt here and on every instance holding it."""
+        rid = live.request.request_id
+        for instance in self._holders(live) - {except_instance}:
+            self._send(instance, Cancel(rid))
+        self.live.pop(rid, None)
+        self._pending_handoffs.pop(rid, None)
+        self._migration_targets.pop(rid, None)
+        self._transfer_sources.pop(rid, None)
 
     # ---- scheduler ----
     def _handle(self, event: object) -> None:
@@ -150,16 +191,25 @@ class LiveDriver:
                 live.request.prefill_instance = action.instance_id
                 self._bump_prefill(action.instance_id, live)
                 self._send(action.instance_id, AddRequest(
-                    live.request.request_id, live.prompt_ids, live.params))
+                    live.request.request_id, live.prompt_ids, live.params,
+                    tuple(live.token_ids)))
             elif isinstance(action, DispatchDecode):
                 self._dispatch_decode(action)
             elif isinstance(action, Reject):
                 live = self.live.get(action.request.request_id)
                 if live is not None:
                     self.metrics.count("rejections")
-                    self._fail(live, action.reason)
+                    unavailable = not (self.scheduler.board.prefill_candidates
+                                       and self.scheduler.board.decode_candidates)
+                    self._fail(live, action.reason, 503 if unavailable else 400,
+                               "no_instance" if unavailable else "invalid_request")
             elif isinstance(action, SetRole):
                 self.metrics.count("flips")
+                self.role_changes.append((time.time(), action.instance_id, action.role.value,
+                                          action.reason))
+                if action.reason:
+                    log.warning("instance %d -> %s: %s", action.instance_id,
+                                action.role.value, action.reason)
             elif isinstance(action, SetChunkSize):
                 self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
             elif isinstance(action, Migrate):
@@ -171,7 +221,7 @@ class LiveDriver:
 
     def _bump_prefill(self, instance: int, live: LiveRequest) -> None:
         stats = self.view.instances[instance]
-        n = len(live.prompt_ids)
+        n = len(live.prompt_ids) + len(live.token_ids)
         self.view.instances[instance] = replace(  # type: ignore[index]
             stats, prefill_queue_len=stats.prefill_queue_len + 1,
             prefill_queue_tokens=stats.prefill_queue_tokens + n,
@@ -212,8 +262,12 @@ class LiveDriver:
     def _on_message(self, message: object) -> None:
         if isinstance(message, StepDone):
             self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
-            for request_id, token, reason in message.tokens:
+            for request_id, token, reason, *_ in message.tokens:
                 self._on_token(message.instance_id, request_id, token, reason)
+        elif isinstance(message, Executing):
+            self._executing[message.instance_id] = message.request_ids
+        elif isinstance(message, StatsReport):
+            self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
         elif isinstance(message, Prefilled):
             live = self.live.get(message.handoff.request_id)
             if live is None:  # cancelled meanwhile
@@ -222,15 +276,7 @@ class LiveDriver:
             self._pending_handoffs[message.handoff.request_id] = message.handoff
             self._handle(PrefillDone(live.request, message.instance_id))
         elif isinstance(message, Detached):
-            target = self._migration_targets.pop(message.request_id, -1)
-            live = self.live.get(message.request_id)
-            if message.handoff is None or live is None or target < 0:
-                if message.handoff is not None:  # cancelled meanwhile: drop it there
-                    self._send(message.instance_id, Cancel(message.request_id))
-                return
-            self.metrics.count("migrations")
-            live.request.decode_instance = target
-            self._move(message.handoff, message.instance_id, target)
+            self._on_detached(message)
         elif isinstance(message, Transferred):
             source = self._transfer_sources.pop(message.request_id, -1)
             if source >= 0:
@@ -238,24 +284,42 @@ class LiveDriver:
         elif isinstance(message, WorkerError):
             live = self.live.get(message.request_id)
             if live is not None:
-                self._fail(live, message.message)
+                content = message.kind == "invalid_request"
+                self._fail(live, message.message, 400 if content else 500,
+                           "invalid_request" if content else "engine_error",
+                           except_instance=message.instance_id)
+
+    def _on_detached(self, message: Detached) -> None:
+        target = self._migration_targets.pop(message.request_id, -1)
+        live = self.live.get(message.request_id)
+        if message.handoff is None:
+            return
+        if live is None:  # cancelled meanwhile: drop it there
+            self._send(message.instance_id, Cancel(message.request_id))
+        elif target < 0 or target in self.workers.exited:  # the target died: stay here
+            self._send(message.instance_id, ContinueInPlace(message.request_id))
+        else:
+            self.metrics.count("migrations")
+            live.request.decode_instance = target
+            self._move(message.handoff, message.instance_id, target)
 
     def _on_token(self, instance: int, request_id: int, token: int, reason: str) -> None:
         live = self.live.get(request_id)
-        if live is None:
+        if live is None or live.tokens_sent >= live.params.max_tokens:
             return
         request, now = live.request, time.monotonic()
         request.generated_tokens += 1
-        if live.skip_tokens > 0:  # a re-run regenerating what the client already has
-            live.skip_tokens -= 1
-        else:
-            if math.isnan(request.first_token_s):
-                request.first_token_s = now
-                self.metrics.ttft.observe(now - request.arrival_s)
-            live.tokens_sent += 1
-            delta = live.stream.push(token)
-            if delta:
-                live.events.put_nowait(("text", delta))
+        if math.isnan(request.first_token_s):
+            request.first_token_s = now
+            self.metrics.ttft.observe(now - request.arrival_s)
+            self.metrics.count("prompt_tokens", len(live.prompt_ids))
+        live.token_ids.append(token)
+        self.metrics.count("generation_tokens")
+        delta = live.stream.push(token)
+        if delta:
+            live.events.put_nowait(("text", delta))
+        if live.tokens_sent >= live.params.max_tokens and not reason:
+            reason = "length"  # never past max_tokens, whatever a worker says
         if reason or live.stream.stopped:
             self._finish(live, instance, reason, now)
 
@@ -280,37 +344,58 @@ class LiveDriver:
         live.events.put_nowait(("done", reason))
         self._handle(Finished(request, instance))
 
-    def _fail(self, live: LiveRequest, message: str) -> None:
-        self.live.pop(live.request.request_id, None)
+    def _fail(self, live: LiveRequest, message: str, http_status: int, reason: str,
+              except_instance: int = -1) -> None:
+        """End the request with an error the client sees (`reason` labels the metric)."""
+        self._drop(live, except_instance)
         live.request.rejected_reason = message
+        live.error_status = http_status
+        live.error_type = "invalid_request_error" if http_status < 500 else "server_error"
+        self.metrics.count_failure(reason)
         live.events.put_nowait(("error", message))
 
     # ---- faults and ticks ----
     @property
     def failed(self) -> set[int]:
+        """Instances not serving now (restarting or dead)."""
         return self.workers.exited
 
-    def _on_exit(self, instance: int) -> None:
-        """A worker exited (called once per worker by `WorkerProcesses`)."""
+    def _on_exit(self, instance: int, exit_code: int | None) -> None:
+        """A worker exited (called once per exit by `WorkerProcesses`)."""
         self.metrics.count("worker_failures")
+        log.error("worker %d exited (code %s); %s", instance, exit_code,
+                  self.workers.states[instance].value)
+        batch = self._executing.pop(instance, frozenset())
+        stats = self.view.instances[instance]
+        self.view.instances[instance] = status.empty_stats(instance, stats.total_blocks)  # type: ignore[index]
         self._handle(InstanceFailed(instance))
-        affected = [live for live in self.live.values()
-                    if instance in (live.request.prefill_instance, live.request.decode_instance)]
-        for live in affected:  # re-run from the prompt; skip what the client already has
-            request = live.request
-            for other in {request.prefill_instance, request.decode_instance} - {instance}:
-                if other >= 0:
-                    self._send(other, Cancel(request.request_id))
-            self._pending_handoffs.pop(request.request_id, None)
-            self._migration_targets.pop(request.request_id, None)
-            source = self._transfer_sources.pop(request.request_id, -1)
-            if source >= 0 and source != instance:
-                self._send(source, Cancel(request.request_id))
-            live.skip_tokens = live.tokens_sent
-            request.generated_tokens = 0
-            request.prefill_instance = request.decode_instance = -1
-            self.metrics.count("retries")
-            self._handle(Arrival(request))
+        for live in [x for x in self.live.values() if instance in self._holders(x)]:
+            judged = verdict(instance, exit_code, live.request.request_id in batch,
+                             live.retries)
+            if judged.retry:
+                self._rerun(live, instance)
+            else:
+                self._fail(live, judged.message, 500, judged.reason, except_instance=instance)
+
+    def _rerun(self, live: LiveRequest, dead: int) -> None:
+        """A new attempt of the request that resumes after the tokens the client has."""
+        old = live.request
+        self._drop(live, except_instance=dead)
+        self._next_id += 1
+        request = Request(self._next_id, old.arrival_s, old.input_tokens, old.output_tokens,
+                          generated_tokens=len(live.token_ids))
+        request.first_token_s = old.first_token_s
+        live.request, live.retries = request, live.retries + 1
+        self.live[request.request_id] = live
+        self.metrics.count("retries")
+        self._handle(Arrival(request))
+
+    def _on_ready(self, instance: int, stats: InstanceStats, pool_name: str) -> None:
+        """A restarted worker is up, empty: the scheduler may use it again."""
+        self.metrics.count("worker_restarts")
+        log.warning("worker %d restarted (pid %d)", instance, self.workers.pid(instance))
+        self.view.instances[instance] = stats  # type: ignore[index]
+        self._handle(InstanceRecovered(instance))
 
     async def _ticks(self) -> None:
         while True:
@@ -319,20 +404,7 @@ class LiveDriver:
 
     # ---- status ----
     def health(self) -> dict[str, object]:
-        alive = [i for i in range(self.workers.count) if i not in self.failed]
-        return {"status": "ok" if alive else "unavailable", "workers": self.workers.count,
-                "alive": alive, "failed": sorted(self.failed),
-                "roles": [role.value for role in self.scheduler.roles]}
+        return status.health(self)
 
     def metrics_text(self) -> str:
-        gauges: dict[str, list[tuple[dict[str, str], float]]] = {
-            "requests_in_flight": [({}, float(len(self.live)))]}
-        for name in ("prefill_queue_len", "decode_queue_len", "running_decodes",
-                     "used_blocks", "preemptions_total"):
-            gauges[name] = [({"instance": str(s.instance_id)}, float(getattr(s, name)))
-                            for s in self.view.instances]  # type: ignore[union-attr]
-        roles = self.scheduler.roles
-        gauges["pool_size"] = [({"role": role.value}, float(sum(r is role for r in roles)))
-                               for role in dict.fromkeys(roles)]
-        gauges["workers_failed"] = [({}, float(len(self.failed)))]
-        return self.metrics.render(gauges)
+        return self.metrics.render(status.metric_families(self))
