@@ -140,6 +140,38 @@ def test_resume_continues_exactly_where_the_streamed_tokens_end(model_and_tokeni
         engine.add(2, PROMPTS[0], params, resume_ids=tuple(whole))
 
 
+def run_to_end(engine: Engine, request_id: int, prefill_tokens: int) -> None:
+    engine.run([], [(request_id, prefill_tokens)])
+    while not engine.sequences[request_id].finish_reason:
+        engine.run([request_id], [])
+
+
+def test_a_stop_string_spanning_the_resume_boundary_still_stops(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    engine, prompt = Engine(model, tokenizer, 64), tokenizer.encode("The quick brown fox")
+    engine.add(0, prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    run_to_end(engine, 0, len(prompt))
+    whole = engine.release(0).generated
+    text = tokenizer.decode(whole)
+
+    def stop_at(k: int) -> str:  # the text of tokens k-1 and k
+        return tokenizer.decode(whole[:k + 1])[len(tokenizer.decode(whole[:k - 1])):]
+
+    # the first boundary whose two-token stop string first occurs right there
+    k = next(k for k in range(3, 20)
+             if stop_at(k) and text.index(stop_at(k)) == len(tokenizer.decode(whole[:k - 1])))
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
+                            stop=(stop_at(k),))
+    engine.add(1, prompt, params)
+    run_to_end(engine, 1, len(prompt))
+    engine.add(2, prompt, params, resume_ids=tuple(whole[:k]))  # the boundary splits `stop`
+    run_to_end(engine, 2, len(prompt) + k)
+    uninterrupted, resumed = engine.sequences[1], engine.sequences[2]
+    assert resumed.finish_reason == uninterrupted.finish_reason == "stop"
+    assert resumed.generated == uninterrupted.generated == whole[:k + 1]
+    assert engine.text_of(2) == engine.text_of(1) == tokenizer.decode(whole[:k - 1])
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_at_add(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     engine = Engine(model, tokenizer, 64)

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from pdserve.cluster.messages import (
     Action,
@@ -33,8 +33,6 @@ from pdserve.cluster.messages import (
     DispatchDecode,
     DispatchPrefill,
     Finished,
-    InstanceFailed,
-    InstanceRecovered,
     Migrate,
     PrefillDone,
     Reject,
@@ -47,9 +45,8 @@ from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
-from pdserve.instance.stats import InstanceStats
 from pdserve.live import status
-from pdserve.live.failover import verdict
+from pdserve.live.failover import Failover
 from pdserve.live.messages import (
     AddRequest,
     AdoptKV,
@@ -69,39 +66,15 @@ from pdserve.live.messages import (
 )
 from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
+from pdserve.live.requests import LiveRequest, Overloaded
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
+__all__ = ["LiveDriver", "LiveRequest", "Overloaded"]
 log = logging.getLogger("pdserve.live")
 
 
-class Overloaded(Exception):
-    """Too many requests in flight; retry later."""
-
-
-@dataclass
-class LiveRequest:
-    """A client's request. `request` is its current attempt (a re-run after a worker death
-    is a new `Request` with a new id); `client_id` is the id of the first attempt."""
-
-    request: Request
-    prompt_ids: tuple[int, ...]
-    params: SamplingParams
-    stream: TextStream
-    events: asyncio.Queue[tuple[str, object]] = field(default_factory=asyncio.Queue)
-    client_id: int = 0
-    token_ids: list[int] = field(default_factory=list)  # streamed to the client
-    retries: int = 0
-    finish_reason: str = ""
-    error_status: int = 0  # HTTP status of a failure: 400 its content, 500/503 the server's
-    error_type: str = ""  # OpenAI error type: invalid_request_error, server_error, ...
-
-    @property
-    def tokens_sent(self) -> int:
-        return len(self.token_ids)
-
-
-class LiveDriver:
+class LiveDriver(Failover):
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float = 0.5,
                  max_outstanding: int = 256) -> None:
@@ -120,9 +93,11 @@ class LiveDriver:
         self.workers = WorkerProcesses(workers, num_instances)
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # for calls from other threads
 
     # ---- lifecycle ----
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.view.instances = await self.workers.start(self._on_message, self._on_exit,
                                                        self._on_ready)
         self._tick_task = asyncio.create_task(self._ticks())
@@ -354,49 +329,7 @@ class LiveDriver:
         self.metrics.count_failure(reason)
         live.events.put_nowait(("error", message))
 
-    # ---- faults and ticks ----
-    @property
-    def failed(self) -> set[int]:
-        """Instances not serving now (restarting or dead)."""
-        return self.workers.exited
-
-    def _on_exit(self, instance: int, exit_code: int | None) -> None:
-        """A worker exited (called once per exit by `WorkerProcesses`)."""
-        self.metrics.count("worker_failures")
-        log.error("worker %d exited (code %s); %s", instance, exit_code,
-                  self.workers.states[instance].value)
-        batch = self._executing.pop(instance, frozenset())
-        stats = self.view.instances[instance]
-        self.view.instances[instance] = status.empty_stats(instance, stats.total_blocks)  # type: ignore[index]
-        self._handle(InstanceFailed(instance))
-        for live in [x for x in self.live.values() if instance in self._holders(x)]:
-            judged = verdict(instance, exit_code, live.request.request_id in batch,
-                             live.retries)
-            if judged.retry:
-                self._rerun(live, instance)
-            else:
-                self._fail(live, judged.message, 500, judged.reason, except_instance=instance)
-
-    def _rerun(self, live: LiveRequest, dead: int) -> None:
-        """A new attempt of the request that resumes after the tokens the client has."""
-        old = live.request
-        self._drop(live, except_instance=dead)
-        self._next_id += 1
-        request = Request(self._next_id, old.arrival_s, old.input_tokens, old.output_tokens,
-                          generated_tokens=len(live.token_ids))
-        request.first_token_s = old.first_token_s
-        live.request, live.retries = request, live.retries + 1
-        self.live[request.request_id] = live
-        self.metrics.count("retries")
-        self._handle(Arrival(request))
-
-    def _on_ready(self, instance: int, stats: InstanceStats, pool_name: str) -> None:
-        """A restarted worker is up, empty: the scheduler may use it again."""
-        self.metrics.count("worker_restarts")
-        log.warning("worker %d restarted (pid %d)", instance, self.workers.pid(instance))
-        self.view.instances[instance] = stats  # type: ignore[index]
-        self._handle(InstanceRecovered(instance))
-
+    # ---- ticks ----
     async def _ticks(self) -> None:
         while True:
             await asyncio.sleep(self.monitor_interval_s)

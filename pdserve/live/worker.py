@@ -185,10 +185,18 @@ class Worker:
     def start_transfers(self) -> None:
         for request in self.local.admit_transfers():
             handoff = self.handoffs.pop(request.request_id).handoff
-            assert handoff.pool_name is not None
-            if handoff.pool_name not in self.peers:
-                self.peers[handoff.pool_name] = attach_pool(handoff.pool_name, self.engine.pool)
-            self.engine.import_from(handoff, self.peers[handoff.pool_name])
+            try:
+                assert handoff.pool_name is not None
+                if handoff.pool_name not in self.peers:
+                    self.peers[handoff.pool_name] = attach_pool(handoff.pool_name,
+                                                                self.engine.pool)
+                self.engine.import_from(handoff, self.peers[handoff.pool_name])
+            except Exception as err:  # noqa: BLE001 - e.g. the sender's pool is gone
+                self.drop(request.request_id)
+                self.connection.send(WorkerError(
+                    self.instance_id, request.request_id,
+                    f"the KV transfer failed: {describe(err)}", "server_error"))
+                continue
             self.local.transfer_done(request)
             self.connection.send(Transferred(self.instance_id, request.request_id))
 
@@ -210,7 +218,8 @@ class Worker:
         for request_id in failures:
             self.drop(request_id)
         tokens = tuple((o.request_id, o.token_id, o.finish_reason) for o in outputs)
-        self.connection.send(StepDone(self.instance_id, tokens, self.stats()))
+        self._reported = self.stats()  # what the driver now holds
+        self.connection.send(StepDone(self.instance_id, tokens, self._reported))
         for request_id, (kind, message) in failures.items():
             self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
         for request in result.prefilled:
