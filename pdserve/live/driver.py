@@ -116,6 +116,8 @@ class LiveDriver(Failover):
             raise Overloaded(f"{len(self.live)} requests in flight (limit "
                              f"{self.max_outstanding})")
         self._next_id += 1
+        if params.seed is None:  # a re-run (a new attempt id) must draw as this one does
+            params = replace(params, seed=self._next_id)
         request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens)
         live = LiveRequest(request, tuple(prompt_ids), params,
                            TextStream(self.tokenizer, params.stop), client_id=self._next_id)
@@ -293,17 +295,16 @@ class LiveDriver(Failover):
         delta = live.stream.push(token)
         if delta:
             live.events.put_nowait(("text", delta))
-        if live.tokens_sent >= live.params.max_tokens and not reason:
-            reason = "length"  # never past max_tokens, whatever a worker says
-        if reason or live.stream.stopped:
+        if reason or live.stream.stopped or live.tokens_sent >= live.params.max_tokens:
             self._finish(live, instance, reason, now)
 
     def _finish(self, live: LiveRequest, instance: int, worker_reason: str,
                 now: float) -> None:
         """`worker_reason` is "" when this driver's text stream saw a stop string before
-        the worker did; the worker is then told to stop."""
+        the worker did (or, defensively, max_tokens was reached without the worker saying
+        so); the worker is then told to stop."""
         request = live.request
-        reason = worker_reason or "stop"
+        reason = worker_reason or ("stop" if live.stream.stopped else "length")
         tail = live.stream.finish()
         if tail:
             live.events.put_nowait(("text", tail))

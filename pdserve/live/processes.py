@@ -189,6 +189,8 @@ class WorkerProcesses:
         timer, self._timers[instance] = self._timers[instance], None
         if timer is not None:
             timer.cancel()
+        if self._stopping:
+            return
         try:
             message = pipe.recv()
         except (EOFError, OSError):
