@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -105,11 +106,21 @@ def test_a_request_that_breaks_the_engine_fails_alone_and_workers_stay_up(
         assert neighbour.is_alive()  # it was decoding in the batch that failed
         neighbour.join(60)
         assert out["error"] is None and out["text"] == expected
+        for bad_ids in ([999999], [-1], [5000]):  # outside the vocabulary of 2048
+            refused = complete(base, bad_ids)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["type"] == "invalid_request_error"
+        for odd in ({"temperature": 1e-300}, {"temperature": 1.0, "top_p": 5e-324}):
+            answer = httpx.post(f"{base}/v1/completions", timeout=120, json={
+                "model": "tiny", "prompt": PROMPT, "max_tokens": 4, **odd})
+            assert answer.status_code < 500, answer.text
         assert pids(driver) == before and driver.failed == set()
         assert complete(base, PROMPT).status_code == 200
         metrics = httpx.get(f"{base}/metrics").text
-        assert 'pdserve_requests_failed_total{reason="invalid_request"} 1' in metrics
         assert "pdserve_worker_failures_total 0" in metrics
+        failed = re.search(r'pdserve_requests_failed_total\{reason="invalid_request"\} (\d+)',
+                           metrics)
+        assert failed and int(failed.group(1)) >= 1  # the poison (the door may stop others)
 
 
 @pytest.mark.slow

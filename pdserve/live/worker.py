@@ -13,7 +13,7 @@ Errors: an exception while running a batch fails only the request that caused it
 `WorkerError`; an exception handling a command fails that command's request. Before a batch
 whose set of requests differs from the last one, the worker reports the set (`Executing`),
 so if the process dies the driver knows which requests were running. An idle worker reports
-its load when it changed (`StatsReport`), at most every `IDLE_REPORT_S`.
+its load (`StatsReport`) when it changed and every `IDLE_REPORT_S`.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class Worker:
         self.running = True
         self._executing: frozenset[int] = frozenset()
         self._reported: InstanceStats | None = None
+        self._reported_at = 0.0
 
     def stats(self) -> InstanceStats:
         return InstanceStats.of(self.local)
@@ -102,9 +103,11 @@ class Worker:
             self.engine.pool.close()
 
     def report_if_changed(self) -> None:
-        stats = self.stats()
-        if stats != self._reported:
-            self._reported = stats
+        """While idle: report the load when it changed, and at least every IDLE_REPORT_S
+        (the driver's view may hold its own estimate since: a dispatch it bumped)."""
+        stats, now = self.stats(), time.monotonic()
+        if stats != self._reported or now - self._reported_at >= IDLE_REPORT_S:
+            self._reported, self._reported_at = stats, now
             self.connection.send(StatsReport(self.instance_id, stats))
 
     # ---- commands ----
@@ -218,7 +221,7 @@ class Worker:
         for request_id in failures:
             self.drop(request_id)
         tokens = tuple((o.request_id, o.token_id, o.finish_reason) for o in outputs)
-        self._reported = self.stats()  # what the driver now holds
+        self._reported, self._reported_at = self.stats(), time.monotonic()  # as sent
         self.connection.send(StepDone(self.instance_id, tokens, self._reported))
         for request_id, (kind, message) in failures.items():
             self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
