@@ -101,8 +101,10 @@ class Engine:
 
     def _check_vocab(self, what: str, token_ids: tuple[int, ...] | list[int]) -> None:
         vocab = self.model.config.vocab_size
+        if not token_ids or (min(token_ids) >= 0 and max(token_ids) < vocab):
+            return  # the common case, without a Python loop
         for position, token in enumerate(token_ids):
-            if not (isinstance(token, int) and 0 <= token < vocab):
+            if not 0 <= token < vocab:
                 raise ValueError(f"{what} token id {token!r} at position {position} is "
                                  f"outside the vocabulary (0..{vocab - 1})")
 

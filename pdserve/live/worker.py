@@ -207,6 +207,9 @@ class Worker:
     def step(self) -> bool:
         plan = self.local.plan()
         if plan is None:
+            if self._executing:  # idle: no request is running
+                self._executing = frozenset()
+                self.connection.send(Executing(self.instance_id, self._executing))
             return False
         batch = frozenset([*(r.request_id for r in plan.decodes),
                            *(r.request_id for r, _ in plan.chunks)])
