@@ -241,4 +241,6 @@ def test_failover_under_concurrent_streams_loses_and_repeats_nothing(tmp_path, v
         assert [o["text"] for o in outs] == reference
         assert all(o["completion_tokens"] <= max_tokens for o in outs)
         assert driver.metrics.counters["retries"] >= 1
+        if victim == "decode":  # its running decodes had streamed tokens: resumed, not redone
+            assert driver.metrics.counters["resumed_tokens"] >= 3
         assert driver.metrics.counters["worker_failures"] == 1

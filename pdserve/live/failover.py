@@ -103,6 +103,7 @@ class Failover:
         live.request, live.retries = request, live.retries + 1
         self.live[request.request_id] = live
         self.metrics.count("retries")
+        self.metrics.count("resumed_tokens", len(live.token_ids))
         self._handle(Arrival(request))
 
     def _on_ready(self: LiveDriver, instance: int, stats: InstanceStats,

@@ -65,6 +65,7 @@ COUNTERS = {
     "rejections": "Requests refused (overload, or no instance could serve them).",
     "cancellations": "Requests cancelled by their client.",
     "retries": "Re-runs of requests whose worker died.",
+    "resumed_tokens": "Streamed tokens that re-runs resumed after rather than generated.",
     "transfers": "KV hand-offs from a prefill to a decode instance.",
     "migrations": "Running decodes moved between instances.",
     "flips": "Instance role changes.",

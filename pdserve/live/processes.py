@@ -125,7 +125,7 @@ class WorkerProcesses:
             self._exited(instance)
 
     def _exited(self, instance: int) -> None:
-        if self.states[instance] is not WorkerState.LIVE:
+        if self.states[instance] is not WorkerState.LIVE or self._stopping:
             return
         assert self._loop is not None
         self._loop.remove_reader(self._pipes[instance].fileno())
@@ -218,7 +218,7 @@ class WorkerProcesses:
 
     # ---- commands ----
     def send(self, instance: int, command: Command) -> None:
-        if self.states[instance] is not WorkerState.LIVE:
+        if self.states[instance] is not WorkerState.LIVE or self._stopping:
             return
         try:
             self._pipes[instance].send(command)
@@ -229,6 +229,7 @@ class WorkerProcesses:
         return self._processes[instance].pid
 
     async def stop(self) -> None:
+        """Shut every worker down (no restarts, no exit reports from here on)."""
         self._stopping = True
         for i, timer in enumerate(self._timers):
             if timer is not None:
