@@ -73,6 +73,8 @@ class GlobalScheduler:
 
     def _serves(self, instance: int, prefill: bool) -> bool:
         board = self.board
+        if not (board.failed or self.coverage.moved) and instance >= 0:
+            return True  # no failure, no coverage move: the router's own pools are right
         if not 0 <= instance < len(board.roles) or instance in board.failed:
             return False
         role = board.roles[instance]
