@@ -6,7 +6,7 @@ Both drivers, simulated and live, produce the same events and apply the same act
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.instance.stats import InstanceLoad
 from pdserve.types import Request, Role
@@ -43,7 +43,14 @@ class InstanceFailed:
     instance_id: int
 
 
-Event = Arrival | PrefillDone | Finished | Tick | InstanceFailed
+@dataclass(frozen=True, slots=True)
+class InstanceRecovered:
+    """A failed instance is back (restarted, empty) with the role it had."""
+
+    instance_id: int
+
+
+Event = Arrival | PrefillDone | Finished | Tick | InstanceFailed | InstanceRecovered
 
 # ---- actions ----
 
@@ -73,6 +80,7 @@ class Reject:
 class SetRole:
     instance_id: int
     role: Role
+    reason: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,12 +46,12 @@ class RoleBoard:
         for members in self._lists_of(role):
             members.remove(instance_id)
 
-    def set_role(self, instance_id: int, role: Role) -> None:
+    def set_role(self, instance_id: int, role: Role, reason: str = "") -> None:
         old = self.roles[instance_id]
         if old is role:
             return
         self.roles[instance_id] = role
-        self._changes.append(SetRole(instance_id, role))
+        self._changes.append(SetRole(instance_id, role, reason))
         if instance_id not in self.failed:
             self._remove(instance_id, old)
             self._add(instance_id, role)
@@ -60,6 +60,15 @@ class RoleBoard:
         if instance_id not in self.failed:
             self.failed.add(instance_id)
             self._remove(instance_id, self.roles[instance_id])
+
+    def mark_recovered(self, instance_id: int) -> None:
+        """A failed instance serves again, in the role the table holds for it."""
+        if instance_id in self.failed:
+            self.failed.discard(instance_id)
+            self._add(instance_id, self.roles[instance_id])
+
+    def is_live(self, instance_id: int) -> bool:
+        return instance_id not in self.failed
 
     def take_changes(self) -> list[SetRole]:
         changes, self._changes = self._changes, []

@@ -7,10 +7,17 @@ and apply the returned actions in order.
 Admission: a request whose prompt plus output cannot fit in the KV memory of any instance is
 rejected at arrival (it would otherwise wait forever); so is any request when no instance
 can take prefills.
+
+Failures: a failed instance leaves the pools; `PhaseCoverage` then moves a live instance if
+a phase has none left, and undoes such moves when the instance recovers
+(`InstanceRecovered`), so every policy keeps serving while any instance lives. A router
+whose own pools are empty (its answer is not a live instance of the phase) falls back to the
+least-loaded candidate of the phase.
 """
 
 from __future__ import annotations
 
+from pdserve.cluster.coverage import PhaseCoverage
 from pdserve.cluster.messages import (
     Action,
     Arrival,
@@ -20,6 +27,7 @@ from pdserve.cluster.messages import (
     Event,
     Finished,
     InstanceFailed,
+    InstanceRecovered,
     PrefillDone,
     Reject,
     Tick,
@@ -33,12 +41,14 @@ class GlobalScheduler:
     def __init__(self, policy: Policy, num_instances: int) -> None:
         self.policy = policy
         self.board = RoleBoard(policy.role_manager.initial_roles(num_instances))
+        self.coverage = PhaseCoverage()
         self._handlers = {
             Arrival: self._on_arrival,
             PrefillDone: self._on_prefill_done,
             Finished: self._on_finished,
             Tick: self._on_tick,
             InstanceFailed: self._on_failed,
+            InstanceRecovered: self._on_recovered,
         }
 
     @property
@@ -56,7 +66,19 @@ class GlobalScheduler:
         if reason:
             return [Reject(request, reason)]
         instance = self.policy.prefill_router.route(request, view, self.board)
+        if not self._serves(instance, prefill=True):
+            instance = min(self.board.prefill_candidates,
+                           key=lambda i: view.instances[i].prefill_queue_tokens)
         return [DispatchPrefill(request, instance)]
+
+    def _serves(self, instance: int, prefill: bool) -> bool:
+        board = self.board
+        if not (board.failed or self.coverage.moved) and instance >= 0:
+            return True  # no failure, no coverage move: the router's own pools are right
+        if not 0 <= instance < len(board.roles) or instance in board.failed:
+            return False
+        role = board.roles[instance]
+        return role.takes_prefill if prefill else role.takes_decode
 
     def _admission_error(self, request: Request, view: ClusterView) -> str:
         if not self.board.prefill_candidates or not self.board.decode_candidates:
@@ -73,6 +95,12 @@ class GlobalScheduler:
         self.policy.role_manager.on_progress(event.instance_id, view, self.board)
         target = self.policy.decode_router.route(event.request, event.instance_id, view,
                                                  self.board)
+        if not self._serves(target, prefill=False):
+            if not self.board.decode_candidates:
+                return [Reject(event.request, "no instance is available to serve the request")]
+            target = event.instance_id if self._serves(event.instance_id, prefill=False) \
+                else min(self.board.decode_candidates,
+                         key=lambda i: view.instances[i].running_tokens)
         return [DispatchDecode(event.request, event.instance_id, target)]
 
     def _on_finished(self, event: Finished, view: ClusterView) -> list[Action]:
@@ -84,5 +112,13 @@ class GlobalScheduler:
                 *self.policy.rebalancer.on_tick(view, self.board)]
 
     def _on_failed(self, event: InstanceFailed, view: ClusterView) -> list[Action]:
+        self.coverage.on_failed(event.instance_id, self.board)
         self.board.mark_failed(event.instance_id)
+        self.coverage.ensure(view, self.board, f"instance {event.instance_id} failed")
+        return []
+
+    def _on_recovered(self, event: InstanceRecovered, view: ClusterView) -> list[Action]:
+        self.board.mark_recovered(event.instance_id)
+        self.coverage.on_recovered(event.instance_id, view, self.board)
+        self.coverage.ensure(view, self.board, f"instance {event.instance_id} recovered")
         return []

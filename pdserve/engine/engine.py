@@ -84,10 +84,15 @@ class Engine:
             raise ValueError(f"request {request_id} is already on this engine")
         if not prompt_ids:
             raise ValueError("a prompt needs at least one token")
+        self._check_vocab("prompt", prompt_ids)
+        self._check_vocab("resumed output", resume_ids)
         limit = self.model.config.max_position_embeddings
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) plus max_tokens "
                              f"({params.max_tokens}) exceeds the context length {limit}")
+        if len(resume_ids) >= params.max_tokens:
+            raise ValueError(f"{len(resume_ids)} resumed tokens leave nothing to generate "
+                             f"under max_tokens {params.max_tokens}")
         stream = None
         if params.stop:
             if self.tokenizer is None:
@@ -98,6 +103,15 @@ class Engine:
         self.sequences[request_id] = Sequence(
             request_id, list(prompt_ids) + list(resume_ids), len(prompt_ids), params,
             stream=stream, prompt_logprobs=[] if params.prompt_logprobs is None else [None])
+
+    def _check_vocab(self, what: str, token_ids: tuple[int, ...] | list[int]) -> None:
+        vocab = self.model.config.vocab_size
+        if not token_ids or (min(token_ids) >= 0 and max(token_ids) < vocab):
+            return  # the common case, without a Python loop
+        for position, token in enumerate(token_ids):
+            if not 0 <= token < vocab:
+                raise ValueError(f"{what} token id {token!r} at position {position} is "
+                                 f"outside the vocabulary (0..{vocab - 1})")
 
     def release(self, request_id: int) -> Sequence:
         """Forget a sequence and free its blocks (finished, cancelled or moved away)."""

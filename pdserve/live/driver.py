@@ -7,19 +7,24 @@ request's text to its HTTP handler through an asyncio queue. The scheduler's vie
 worker's latest `InstanceStats`; a dispatch also bumps the target's snapshot at once, so
 a burst between two reports does not all land on one instance.
 
-Faults: a worker that exits is reported to the scheduler (`InstanceFailed`) and every
-request touching it is re-run elsewhere from its prompt; sampling is seeded per request, so
-the re-run regenerates the tokens already streamed, which are skipped. With no instance
-left, requests fail with an error. Admission is bounded: past `max_outstanding` requests,
-`submit` raises `Overloaded` (the server answers 429).
+Faults (`failover.py` holds the rules): a request that fails on a worker fails alone
+(`WorkerError`). A worker that exits is reported to the scheduler (`InstanceFailed`), its
+requests are re-run on live instances resuming after the tokens the client has seen (at
+most once each), except those in the batch a crashed worker was running, which fail; the
+supervisor restarts the worker and the scheduler takes it back (`InstanceRecovered`).
+Each attempt of a request has its own worker-side request id, so a late token of an
+abandoned attempt can never reach the client. Admission is bounded: past
+`max_outstanding` requests, `submit` raises `Overloaded` (the server answers 429).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from collections import deque
+from dataclasses import replace
 
 from pdserve.cluster.messages import (
     Action,
@@ -28,7 +33,6 @@ from pdserve.cluster.messages import (
     DispatchDecode,
     DispatchPrefill,
     Finished,
-    InstanceFailed,
     Migrate,
     PrefillDone,
     Reject,
@@ -41,6 +45,8 @@ from pdserve.engine.sampling import SamplingParams, TokenLogprob
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
+from pdserve.live import status
+from pdserve.live.failover import Failover
 from pdserve.live.messages import (
     AddRequest,
     AdoptKV,
@@ -49,36 +55,26 @@ from pdserve.live.messages import (
     ContinueInPlace,
     Detach,
     Detached,
+    Executing,
     Prefilled,
     ReleaseKV,
     SetChunk,
+    StatsReport,
     StepDone,
     Transferred,
     WorkerError,
 )
 from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
+from pdserve.live.requests import LiveRequest, Overloaded
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
-
-class Overloaded(Exception):
-    """Too many requests in flight; retry later."""
-
-
-@dataclass
-class LiveRequest:
-    request: Request
-    prompt_ids: tuple[int, ...]
-    params: SamplingParams
-    stream: TextStream
-    events: asyncio.Queue[tuple[str, str | TokenLogprob]] = field(default_factory=asyncio.Queue)
-    tokens_sent: int = 0  # tokens already streamed to the client
-    skip_tokens: int = 0  # tokens a re-run will regenerate that were already streamed
-    finish_reason: str = ""
+__all__ = ["LiveDriver", "LiveRequest", "Overloaded"]
+log = logging.getLogger("pdserve.live")
 
 
-class LiveDriver:
+class LiveDriver(Failover):
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float = 0.5,
                  max_outstanding: int = 256) -> None:
@@ -88,19 +84,22 @@ class LiveDriver:
         self.max_outstanding = max_outstanding
         self.metrics = ServerMetrics()
         self.view = ClusterView(0.0, [])
-        self.live: dict[int, LiveRequest] = {}
+        self.live: dict[int, LiveRequest] = {}  # by current attempt id
         self._pending_handoffs: dict[int, KVHandoff] = {}  # prefilled, awaiting a decode target
         self._migration_targets: dict[int, int] = {}  # detach asked: request -> target
         self._transfer_sources: dict[int, int] = {}  # KV copy in flight: request -> source
+        self._executing: dict[int, frozenset[int]] = {}  # instance -> its running batch
+        self.role_changes: deque[tuple[float, int, str, str]] = deque(maxlen=32)
         self.workers = WorkerProcesses(workers, num_instances)
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # for calls from other threads
 
     # ---- lifecycle ----
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.view.instances = await self.workers.start(self._on_message, self._on_exit)
+        self.view.instances = await self.workers.start(self._on_message, self._on_exit,
+                                                       self._on_ready)
         self._tick_task = asyncio.create_task(self._ticks())
 
     async def close(self) -> None:
@@ -108,7 +107,7 @@ class LiveDriver:
             self._tick_task.cancel()
         await self.workers.stop()
         for live in list(self.live.values()):
-            self._fail(live, "the server is shutting down")
+            self._fail(live, "the server is shutting down", 503, "shutdown")
 
     # ---- requests ----
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> LiveRequest:
@@ -117,24 +116,44 @@ class LiveDriver:
             raise Overloaded(f"{len(self.live)} requests in flight (limit "
                              f"{self.max_outstanding})")
         self._next_id += 1
+        if params.seed is None:  # a re-run (a new attempt id) must draw as this one does
+            params = replace(params, seed=self._next_id)
         request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens)
         live = LiveRequest(request, tuple(prompt_ids), params,
-                           TextStream(self.tokenizer, params.stop, params.min_tokens))
+                           TextStream(self.tokenizer, params.stop, params.min_tokens),
+                           client_id=self._next_id)
         self.live[request.request_id] = live
         self.metrics.count("requests")
         self._handle(Arrival(request))
         return live
 
     def cancel(self, request_id: int) -> None:
-        """The client went away: stop the request and free its KV everywhere."""
-        live = self.live.pop(request_id, None)
+        """The client went away: stop the request and free its KV everywhere. Either id of
+        the request (its first or its current attempt's) names it."""
+        live = self.live.get(request_id) or next(
+            (x for x in self.live.values() if x.client_id == request_id), None)
         if live is None:
             return
         self.metrics.count("cancellations")
-        holders = {live.request.prefill_instance, live.request.decode_instance,
-                   self._transfer_sources.pop(request_id, -1)}
-        for instance in holders - {-1}:
-            self._send(instance, Cancel(request_id))
+        self._drop(live)
+
+    def _holders(self, live: LiveRequest) -> set[int]:
+        """Instances holding state of the request's current attempt."""
+        request = live.request
+        if request.decode_instance < 0:
+            return {request.prefill_instance} - {-1}
+        source = self._transfer_sources.get(request.request_id, -1)
+        return {request.decode_instance, source} - {-1}
+
+    def _drop(self, live: LiveRequest, except_instance: int = -1) -> None:
+        """Forget the current attempt here and on every instance holding it."""
+        rid = live.request.request_id
+        for instance in self._holders(live) - {except_instance}:
+            self._send(instance, Cancel(rid))
+        self.live.pop(rid, None)
+        self._pending_handoffs.pop(rid, None)
+        self._migration_targets.pop(rid, None)
+        self._transfer_sources.pop(rid, None)
 
     # ---- scheduler ----
     def _handle(self, event: object) -> None:
@@ -150,16 +169,25 @@ class LiveDriver:
                 live.request.prefill_instance = action.instance_id
                 self._bump_prefill(action.instance_id, live)
                 self._send(action.instance_id, AddRequest(
-                    live.request.request_id, live.prompt_ids, live.params))
+                    live.request.request_id, live.prompt_ids, live.params,
+                    tuple(live.token_ids)))
             elif isinstance(action, DispatchDecode):
                 self._dispatch_decode(action)
             elif isinstance(action, Reject):
                 live = self.live.get(action.request.request_id)
                 if live is not None:
                     self.metrics.count("rejections")
-                    self._fail(live, action.reason)
+                    unavailable = not (self.scheduler.board.prefill_candidates
+                                       and self.scheduler.board.decode_candidates)
+                    self._fail(live, action.reason, 503 if unavailable else 400,
+                               "no_instance" if unavailable else "invalid_request")
             elif isinstance(action, SetRole):
                 self.metrics.count("flips")
+                self.role_changes.append((time.time(), action.instance_id, action.role.value,
+                                          action.reason))
+                if action.reason:
+                    log.warning("instance %d -> %s: %s", action.instance_id,
+                                action.role.value, action.reason)
             elif isinstance(action, SetChunkSize):
                 self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
             elif isinstance(action, Migrate):
@@ -171,7 +199,7 @@ class LiveDriver:
 
     def _bump_prefill(self, instance: int, live: LiveRequest) -> None:
         stats = self.view.instances[instance]
-        n = len(live.prompt_ids)
+        n = len(live.prompt_ids) + len(live.token_ids)
         self.view.instances[instance] = replace(  # type: ignore[index]
             stats, prefill_queue_len=stats.prefill_queue_len + 1,
             prefill_queue_tokens=stats.prefill_queue_tokens + n,
@@ -214,6 +242,10 @@ class LiveDriver:
             self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
             for request_id, token, reason, logprob in message.tokens:
                 self._on_token(message.instance_id, request_id, token, reason, logprob)
+        elif isinstance(message, Executing):
+            self._executing[message.instance_id] = message.request_ids
+        elif isinstance(message, StatsReport):
+            self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
         elif isinstance(message, Prefilled):
             live = self.live.get(message.handoff.request_id)
             if live is None:  # cancelled meanwhile
@@ -222,15 +254,7 @@ class LiveDriver:
             self._pending_handoffs[message.handoff.request_id] = message.handoff
             self._handle(PrefillDone(live.request, message.instance_id))
         elif isinstance(message, Detached):
-            target = self._migration_targets.pop(message.request_id, -1)
-            live = self.live.get(message.request_id)
-            if message.handoff is None or live is None or target < 0:
-                if message.handoff is not None:  # cancelled meanwhile: drop it there
-                    self._send(message.instance_id, Cancel(message.request_id))
-                return
-            self.metrics.count("migrations")
-            live.request.decode_instance = target
-            self._move(message.handoff, message.instance_id, target)
+            self._on_detached(message)
         elif isinstance(message, Transferred):
             source = self._transfer_sources.pop(message.request_id, -1)
             if source >= 0:
@@ -238,36 +262,53 @@ class LiveDriver:
         elif isinstance(message, WorkerError):
             live = self.live.get(message.request_id)
             if live is not None:
-                self._fail(live, message.message)
+                content = message.kind == "invalid_request"
+                self._fail(live, message.message, 400 if content else 500,
+                           "invalid_request" if content else "engine_error",
+                           except_instance=message.instance_id)
+
+    def _on_detached(self, message: Detached) -> None:
+        target = self._migration_targets.pop(message.request_id, -1)
+        live = self.live.get(message.request_id)
+        if message.handoff is None:
+            return
+        if live is None:  # cancelled meanwhile: drop it there
+            self._send(message.instance_id, Cancel(message.request_id))
+        elif target < 0 or target in self.workers.exited:  # the target died: stay here
+            self._send(message.instance_id, ContinueInPlace(message.request_id))
+        else:
+            self.metrics.count("migrations")
+            live.request.decode_instance = target
+            self._move(message.handoff, message.instance_id, target)
 
     def _on_token(self, instance: int, request_id: int, token: int, reason: str,
                   logprob: TokenLogprob | None = None) -> None:
         live = self.live.get(request_id)
-        if live is None:
+        if live is None or live.tokens_sent >= live.params.max_tokens:
             return
         request, now = live.request, time.monotonic()
         request.generated_tokens += 1
-        if live.skip_tokens > 0:  # a re-run regenerating what the client already has
-            live.skip_tokens -= 1
-        else:
-            if math.isnan(request.first_token_s):
-                request.first_token_s = now
-                self.metrics.ttft.observe(now - request.arrival_s)
-            live.tokens_sent += 1
-            if logprob is not None:  # before the token's text (which may be held back)
-                live.events.put_nowait(("logprob", logprob))
-            delta = live.stream.push(token)
-            if delta:
-                live.events.put_nowait(("text", delta))
-        if reason or live.stream.stopped:
+        if math.isnan(request.first_token_s):
+            request.first_token_s = now
+            self.metrics.ttft.observe(now - request.arrival_s)
+            self.metrics.count("prompt_tokens", len(live.prompt_ids))
+        live.token_ids.append(token)
+        self.metrics.count("generation_tokens")
+        if logprob is not None:  # before the token's text (which may be held back)
+            live.events.put_nowait(("logprob", logprob))
+        delta = live.stream.push(token)
+        if delta:
+            live.events.put_nowait(("text", delta))
+        if reason or live.stream.stopped or live.tokens_sent >= live.params.max_tokens:
             self._finish(live, instance, reason, now)
 
     def _finish(self, live: LiveRequest, instance: int, worker_reason: str,
                 now: float) -> None:
         """`worker_reason` is "" when this driver's text stream saw a stop string before
-        the worker did; the worker is then told to stop."""
+        the worker did (or, defensively, max_tokens was reached without the worker saying
+        so); the worker is then told to stop."""
         request = live.request
-        reason = worker_reason or "stop"
+        reason = worker_reason or ("stop" if live.stream.stopped else "length")
         tail = live.stream.finish()
         if tail:
             live.events.put_nowait(("text", tail))
@@ -283,38 +324,17 @@ class LiveDriver:
         live.events.put_nowait(("done", reason))
         self._handle(Finished(request, instance))
 
-    def _fail(self, live: LiveRequest, message: str) -> None:
-        self.live.pop(live.request.request_id, None)
+    def _fail(self, live: LiveRequest, message: str, http_status: int, reason: str,
+              except_instance: int = -1) -> None:
+        """End the request with an error the client sees (`reason` labels the metric)."""
+        self._drop(live, except_instance)
         live.request.rejected_reason = message
+        live.error_status = http_status
+        live.error_type = "invalid_request_error" if http_status < 500 else "server_error"
+        self.metrics.count_failure(reason)
         live.events.put_nowait(("error", message))
 
-    # ---- faults and ticks ----
-    @property
-    def failed(self) -> set[int]:
-        return self.workers.exited
-
-    def _on_exit(self, instance: int) -> None:
-        """A worker exited (called once per worker by `WorkerProcesses`)."""
-        self.metrics.count("worker_failures")
-        self._handle(InstanceFailed(instance))
-        affected = [live for live in self.live.values()
-                    if instance in (live.request.prefill_instance, live.request.decode_instance)]
-        for live in affected:  # re-run from the prompt; skip what the client already has
-            request = live.request
-            for other in {request.prefill_instance, request.decode_instance} - {instance}:
-                if other >= 0:
-                    self._send(other, Cancel(request.request_id))
-            self._pending_handoffs.pop(request.request_id, None)
-            self._migration_targets.pop(request.request_id, None)
-            source = self._transfer_sources.pop(request.request_id, -1)
-            if source >= 0 and source != instance:
-                self._send(source, Cancel(request.request_id))
-            live.skip_tokens = live.tokens_sent
-            request.generated_tokens = 0
-            request.prefill_instance = request.decode_instance = -1
-            self.metrics.count("retries")
-            self._handle(Arrival(request))
-
+    # ---- ticks ----
     async def _ticks(self) -> None:
         while True:
             await asyncio.sleep(self.monitor_interval_s)
@@ -322,20 +342,7 @@ class LiveDriver:
 
     # ---- status ----
     def health(self) -> dict[str, object]:
-        alive = [i for i in range(self.workers.count) if i not in self.failed]
-        return {"status": "ok" if alive else "unavailable", "workers": self.workers.count,
-                "alive": alive, "failed": sorted(self.failed),
-                "roles": [role.value for role in self.scheduler.roles]}
+        return status.health(self)
 
     def metrics_text(self) -> str:
-        gauges: dict[str, list[tuple[dict[str, str], float]]] = {
-            "requests_in_flight": [({}, float(len(self.live)))]}
-        for name in ("prefill_queue_len", "decode_queue_len", "running_decodes",
-                     "used_blocks", "preemptions_total"):
-            gauges[name] = [({"instance": str(s.instance_id)}, float(getattr(s, name)))
-                            for s in self.view.instances]  # type: ignore[union-attr]
-        roles = self.scheduler.roles
-        gauges["pool_size"] = [({"role": role.value}, float(sum(r is role for r in roles)))
-                               for role in dict.fromkeys(roles)]
-        gauges["workers_failed"] = [({}, float(len(self.failed)))]
-        return self.metrics.render(gauges)
+        return self.metrics.render(status.metric_families(self))

@@ -14,9 +14,14 @@ from pdserve.instance.stats import InstanceStats
 
 @dataclass(frozen=True)
 class AddRequest:
+    """Prefill and run a request. `resume_ids`: tokens already generated and streamed by an
+    earlier attempt (a re-run after a worker died); they are prefilled with the prompt and
+    count as generated (toward `max_tokens`), so the run continues after them."""
+
     request_id: int
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    resume_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,12 +59,19 @@ class SetChunk:
 
 
 @dataclass(frozen=True)
+class ForgetPool:
+    """A peer's shared KV pool is gone (its worker died): unmap it."""
+
+    pool_name: str
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
 Command = (AddRequest | ContinueInPlace | AdoptKV | Detach | ReleaseKV | Cancel | SetChunk
-           | Shutdown)
+           | ForgetPool | Shutdown)
 
 # ---- worker -> driver ----
 
@@ -104,10 +116,33 @@ class Transferred:
 
 
 @dataclass(frozen=True)
+class Executing:
+    """The requests of the batch the worker is about to run, sent when the set changes: if
+    the worker dies before its next report, these were in the batch that was running."""
+
+    instance_id: int
+    request_ids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class StatsReport:
+    """A load snapshot from an idle worker (its load changed without a step: a release, a
+    cancel), so gauges and the scheduler's view do not freeze while it idles."""
+
+    instance_id: int
+    stats: InstanceStats
+
+
+@dataclass(frozen=True)
 class WorkerError:
+    """A request failed on the worker (its KV is freed there). `kind`: "invalid_request"
+    when the request's own content caused it (it failed alone), else "server_error"."""
+
     instance_id: int
     request_id: int
     message: str
+    kind: str = "invalid_request"
 
 
-Event = WorkerReady | StepDone | Prefilled | Detached | Transferred | WorkerError
+Event = (WorkerReady | StepDone | Prefilled | Detached | Transferred | Executing
+         | StatsReport | WorkerError)

@@ -1,9 +1,17 @@
-"""Prometheus metrics of the live server, in the text exposition format (no dependency)."""
+"""Prometheus metrics of the live server, in the text exposition format (no dependency).
+
+Every family has HELP and TYPE lines. Counters kept by the driver are here
+(`ServerMetrics`); per-instance families come from the workers' latest load snapshots,
+which workers send after every step and, when idle, whenever their load changed (so freed KV
+shows within a report interval). Cumulative per-instance counters (`preemptions_total`)
+restart from 0 when their worker is restarted, which Prometheus reads as a counter reset.
+"""
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -30,8 +38,45 @@ class Histogram:
         return lines
 
 
-COUNTERS = ("requests", "completions", "rejections", "cancellations", "retries", "transfers",
-            "migrations", "flips", "worker_failures")
+Labels = dict[str, str]
+
+
+@dataclass
+class Family:
+    """One metric family: `kind` is "gauge" or "counter" (a counter's name ends in _total)."""
+
+    name: str
+    kind: str
+    help_text: str
+    samples: list[tuple[Labels, float]] = field(default_factory=list)
+
+    def render(self) -> list[str]:
+        name = f"pdserve_{self.name}"
+        lines = [f"# HELP {name} {self.help_text}", f"# TYPE {name} {self.kind}"]
+        for labels, value in self.samples:
+            label = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            lines.append(f"{name}{{{label}}} {value}" if label else f"{name} {value}")
+        return lines
+
+
+COUNTERS = {
+    "requests": "Requests admitted.",
+    "completions": "Requests that finished normally.",
+    "rejections": "Requests refused (overload, or no instance could serve them).",
+    "cancellations": "Requests cancelled by their client.",
+    "retries": "Re-runs of requests whose worker died.",
+    "resumed_tokens": "Streamed tokens that re-runs resumed after rather than generated.",
+    "transfers": "KV hand-offs from a prefill to a decode instance.",
+    "migrations": "Running decodes moved between instances.",
+    "flips": "Instance role changes.",
+    "worker_failures": "Worker processes that exited unexpectedly.",
+    "worker_restarts": "Worker processes started again after an exit.",
+    "prompt_tokens": "Prompt tokens prefilled (counted once per request).",
+    "generation_tokens": "Generated tokens streamed to clients.",
+}
+
+FAILURE_REASONS = ("invalid_request", "engine_error", "worker_crash", "retry_budget",
+                   "no_instance", "shutdown")
 
 
 class ServerMetrics:
@@ -40,21 +85,24 @@ class ServerMetrics:
         self.tpot = Histogram("pdserve_tpot_seconds", "Time per output token after the first.")
         self.e2e = Histogram("pdserve_e2e_seconds", "End-to-end request latency.")
         self.counters: dict[str, int] = defaultdict(int, dict.fromkeys(COUNTERS, 0))
+        self.failures: dict[str, int] = defaultdict(int, dict.fromkeys(FAILURE_REASONS, 0))
 
     def count(self, name: str, amount: int = 1) -> None:
         self.counters[name] += amount
 
-    def render(self, gauges: dict[str, list[tuple[dict[str, str], float]]]) -> str:
+    def count_failure(self, reason: str) -> None:
+        self.failures[reason] += 1
+
+    def render(self, families: list[Family]) -> str:
         lines: list[str] = []
         for histogram in (self.ttft, self.tpot, self.e2e):
             lines += histogram.render()
         for name in sorted(self.counters):
-            lines += [f"# TYPE pdserve_{name}_total counter",
-                      f"pdserve_{name}_total {self.counters[name]}"]
-        for name, samples in sorted(gauges.items()):
-            lines.append(f"# TYPE pdserve_{name} gauge")
-            for labels, value in samples:
-                label = ",".join(f'{k}="{v}"' for k, v in labels.items())
-                lines.append(f"pdserve_{name}{{{label}}} {value}" if label
-                             else f"pdserve_{name} {value}")
+            lines += Family(f"{name}_total", "counter", COUNTERS.get(name, name),
+                            [({}, self.counters[name])]).render()
+        lines += Family("requests_failed_total", "counter",
+                        "Requests that ended with an error, by reason.",
+                        [({"reason": r}, n) for r, n in sorted(self.failures.items())]).render()
+        for family in families:
+            lines += family.render()
         return "\n".join(lines) + "\n"

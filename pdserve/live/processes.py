@@ -1,21 +1,31 @@
-"""Worker processes and their pipes, wired into an asyncio event loop.
+"""Worker processes and their pipes, wired into an asyncio event loop, and their supervisor.
 
 Spawns one process per instance (`spawn` start method: each loads torch itself), waits for
 every `WorkerReady`, then hands each message to `on_message` from the loop (`add_reader` on
-the pipe) and reports an exit (the process sentinel, or a broken pipe) once to `on_exit`.
+the pipe) and reports an exit (the process sentinel, or a broken pipe) once to `on_exit`,
+after handing over whatever the worker wrote before it died.
+
+Supervision: a worker that exits is restarted after a back-off (`restart_backoff_s`,
+doubling with each restart still inside the budget window, capped at
+`restart_backoff_max_s`), with a fresh KV pool; `on_ready` reports it back. A worker that
+exits more than `max_restarts` times within `restart_window_s` stays dead, as does one that
+does not start within `start_timeout_s`. The dead worker's shared KV segment is unlinked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import multiprocessing
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import shared_memory
 
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.messages import Command, Shutdown, WorkerReady
+from pdserve.live.messages import Command, ForgetPool, Shutdown, WorkerReady
 from pdserve.live.worker import worker_main
 
 
@@ -27,34 +37,65 @@ class WorkerSettings:
     chunk_size_tokens: int = 512
     max_batch_size: int = 64
     start_timeout_s: float = 120.0
+    max_restarts: int = 5  # per worker within restart_window_s; 0 disables restarts
+    restart_window_s: float = 600.0
+    restart_backoff_s: float = 0.5
+    restart_backoff_max_s: float = 8.0
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"
+    LIVE = "live"
+    RESTARTING = "restarting"  # exited; a new process is due or starting
+    DEAD = "dead"  # out of restarts
+
+
+ExitHandler = Callable[[int, int | None], None]  # instance, exit code
+ReadyHandler = Callable[[int, InstanceStats, str], None]  # instance, first stats, pool name
 
 
 class WorkerProcesses:
     def __init__(self, settings: WorkerSettings, count: int) -> None:
         self.settings = settings
         self.count = count
-        self.exited: set[int] = set()
+        self.states = [WorkerState.STARTING] * count
+        self.restarts_total = 0
+        self._restart_times: list[deque[float]] = [deque() for _ in range(count)]
         self._context = multiprocessing.get_context("spawn")
-        self._processes: list = []
-        self._pipes: list = []
+        self._processes: list = [None] * count
+        self._pipes: list = [None] * count
+        self._pool_names: list[str] = [""] * count
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_exit: Callable[[int], None] = lambda instance: None
+        self._on_message: Callable[[object], None] = lambda message: None
+        self._on_exit: ExitHandler = lambda instance, code: None
+        self._on_ready: ReadyHandler = lambda instance, stats, pool: None
+        self._timers: list[asyncio.TimerHandle | None] = [None] * count
+        self._stopping = False
 
-    async def start(self, on_message: Callable[[object], None],
-                    on_exit: Callable[[int], None]) -> list[InstanceStats]:
+    @property
+    def exited(self) -> set[int]:
+        """Instances not serving now (restarting or dead)."""
+        return {i for i, state in enumerate(self.states) if state is not WorkerState.LIVE}
+
+    def _spawn(self, instance: int) -> None:
+        s = self.settings
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=worker_main, name=f"pdserve-worker-{instance}", daemon=True,
+            args=(instance, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens,
+                  s.max_batch_size, child))
+        process.start()
+        child.close()
+        self._processes[instance], self._pipes[instance] = process, parent
+
+    async def start(self, on_message: Callable[[object], None], on_exit: ExitHandler,
+                    on_ready: ReadyHandler) -> list[InstanceStats]:
         """Start every worker; returns their first stats. Raises if one does not start."""
-        self._loop, self._on_exit = asyncio.get_running_loop(), on_exit
+        self._loop = asyncio.get_running_loop()
+        self._on_message, self._on_exit, self._on_ready = on_message, on_exit, on_ready
         s = self.settings
         for i in range(self.count):
-            parent, child = self._context.Pipe()
-            process = self._context.Process(
-                target=worker_main, name=f"pdserve-worker-{i}", daemon=True,
-                args=(i, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens, s.max_batch_size,
-                      child))
-            process.start()
-            child.close()
-            self._processes.append(process)
-            self._pipes.append(parent)
+            self._spawn(i)
         deadline = time.monotonic() + s.start_timeout_s
         stats = []
         for i, pipe in enumerate(self._pipes):
@@ -64,30 +105,120 @@ class WorkerProcesses:
             message = pipe.recv()
             assert isinstance(message, WorkerReady)
             stats.append(message.stats)
-        for i, pipe in enumerate(self._pipes):
-            self._loop.add_reader(pipe.fileno(), self._drain, i, on_message)
-            self._loop.add_reader(self._processes[i].sentinel, self._exited, i)
+            self._pool_names[i] = message.pool_name
+        for i in range(self.count):
+            self._watch(i)
         return stats
 
-    def _drain(self, instance: int, on_message: Callable[[object], None]) -> None:
+    def _watch(self, instance: int) -> None:
+        assert self._loop is not None
+        self.states[instance] = WorkerState.LIVE
+        self._loop.add_reader(self._pipes[instance].fileno(), self._drain, instance)
+        self._loop.add_reader(self._processes[instance].sentinel, self._exited, instance)
+
+    def _drain(self, instance: int) -> None:
         pipe = self._pipes[instance]
         try:
             while pipe.poll():
-                on_message(pipe.recv())
+                self._on_message(pipe.recv())
         except (EOFError, OSError):
             self._exited(instance)
 
     def _exited(self, instance: int) -> None:
-        if instance in self.exited:
+        if self.states[instance] is not WorkerState.LIVE or self._stopping:
             return
-        self.exited.add(instance)
-        if self._loop is not None:
-            self._loop.remove_reader(self._pipes[instance].fileno())
-            self._loop.remove_reader(self._processes[instance].sentinel)
-        self._on_exit(instance)
+        assert self._loop is not None
+        self._loop.remove_reader(self._pipes[instance].fileno())
+        self._loop.remove_reader(self._processes[instance].sentinel)
+        with contextlib.suppress(EOFError, OSError):  # what it wrote before dying counts
+            while self._pipes[instance].poll():
+                self._on_message(self._pipes[instance].recv())
+        process = self._processes[instance]
+        process.join(1)
+        self._unlink_pool(instance)
+        self.states[instance] = (WorkerState.RESTARTING if self._may_restart(instance)
+                                 else WorkerState.DEAD)
+        self._on_exit(instance, process.exitcode)
+        if self.states[instance] is WorkerState.RESTARTING and not self._stopping:
+            self._schedule_restart(instance)
 
+    def _unlink_pool(self, instance: int) -> None:
+        name, self._pool_names[instance] = self._pool_names[instance], ""
+        if name:
+            with contextlib.suppress(FileNotFoundError):
+                segment = shared_memory.SharedMemory(name=name)
+                segment.close()
+                segment.unlink()
+            for other, state in enumerate(self.states):  # peers that mapped it unmap it
+                if state is WorkerState.LIVE and other != instance:
+                    self.send(other, ForgetPool(name))
+
+    def pool_name(self, instance: int) -> str:
+        return self._pool_names[instance]
+
+    # ---- restarts ----
+    def _may_restart(self, instance: int) -> bool:
+        s, times, now = self.settings, self._restart_times[instance], time.monotonic()
+        while times and times[0] < now - s.restart_window_s:
+            times.popleft()
+        return len(times) < s.max_restarts
+
+    def _schedule_restart(self, instance: int) -> None:
+        s, times = self.settings, self._restart_times[instance]
+        delay = min(s.restart_backoff_s * 2 ** len(times), s.restart_backoff_max_s)
+        times.append(time.monotonic())
+        assert self._loop is not None
+        self._timers[instance] = self._loop.call_later(delay, self._restart, instance)
+
+    def _restart(self, instance: int) -> None:
+        assert self._loop is not None
+        self._timers[instance] = None
+        if self._stopping:
+            return
+        self._pipes[instance].close()
+        self._spawn(instance)
+        self.restarts_total += 1
+        self._loop.add_reader(self._pipes[instance].fileno(), self._first_message, instance)
+        self._timers[instance] = self._loop.call_later(
+            self.settings.start_timeout_s, self._start_failed, instance)
+
+    def _first_message(self, instance: int) -> None:
+        assert self._loop is not None
+        pipe = self._pipes[instance]
+        self._loop.remove_reader(pipe.fileno())
+        timer, self._timers[instance] = self._timers[instance], None
+        if timer is not None:
+            timer.cancel()
+        if self._stopping:
+            return
+        try:
+            message = pipe.recv()
+        except (EOFError, OSError):
+            message = None
+        if not isinstance(message, WorkerReady):  # died while starting: counts as an exit
+            self._start_failed(instance)
+            return
+        self._pool_names[instance] = message.pool_name
+        self._watch(instance)
+        self._on_ready(instance, message.stats, message.pool_name)
+
+    def _start_failed(self, instance: int) -> None:
+        assert self._loop is not None
+        self._timers[instance] = None
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self._pipes[instance].fileno())
+        process = self._processes[instance]
+        if process.is_alive():
+            process.kill()
+        process.join(1)
+        if self._may_restart(instance) and not self._stopping:
+            self._schedule_restart(instance)
+        else:
+            self.states[instance] = WorkerState.DEAD
+
+    # ---- commands ----
     def send(self, instance: int, command: Command) -> None:
-        if instance in self.exited:
+        if self.states[instance] is not WorkerState.LIVE or self._stopping:
             return
         try:
             self._pipes[instance].send(command)
@@ -98,13 +229,23 @@ class WorkerProcesses:
         return self._processes[instance].pid
 
     async def stop(self) -> None:
+        """Shut every worker down (no restarts, no exit reports from here on)."""
+        self._stopping = True
+        for i, timer in enumerate(self._timers):
+            if timer is not None:
+                timer.cancel()
+                self._timers[i] = None
         for i, pipe in enumerate(self._pipes):
-            if i not in self.exited and self._loop is not None:
+            if pipe is None:
+                continue
+            if self.states[i] is WorkerState.LIVE and self._loop is not None:
                 self._loop.remove_reader(pipe.fileno())
                 self._loop.remove_reader(self._processes[i].sentinel)
-            with contextlib.suppress(OSError):  # a dead worker's pipe is closed
+            with contextlib.suppress(OSError, ValueError):  # a dead worker's pipe is closed
                 pipe.send(Shutdown())
         for process in self._processes:
+            if process is None:
+                continue
             await asyncio.to_thread(process.join, 10)
             if process.is_alive():
                 process.kill()

@@ -7,12 +7,20 @@ reported with its hand-off (the driver decides where it decodes). One torch thre
 
 The interface is messages over one connection (`messages.py`), so a Ray actor can host the
 same loop later.
+
+Errors: an exception while running a batch fails only the request that caused it
+(`batch_guard.run_guarded`; the others keep their state and tokens), reported as a
+`WorkerError`; an exception handling a command fails that command's request. Before a batch
+whose set of requests differs from the last one, the worker reports the set (`Executing`),
+so if the process dies the driver knows which requests were running. An idle worker reports
+its load (`StatsReport`) when it changed and every `IDLE_REPORT_S`.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import traceback
 from multiprocessing.connection import Connection
 
 import torch
@@ -23,6 +31,8 @@ from pdserve.engine.loader import load_model
 from pdserve.engine.transfer import attach_pool
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.stats import InstanceStats
+from pdserve.live.batch_guard import describe, run_guarded
+from pdserve.live.faults import install_from_env
 from pdserve.live.messages import (
     AddRequest,
     AdoptKV,
@@ -31,16 +41,21 @@ from pdserve.live.messages import (
     ContinueInPlace,
     Detach,
     Detached,
+    Executing,
+    ForgetPool,
     Prefilled,
     ReleaseKV,
     SetChunk,
     Shutdown,
+    StatsReport,
     StepDone,
     Transferred,
     WorkerError,
     WorkerReady,
 )
 from pdserve.types import Request
+
+IDLE_REPORT_S = 0.5  # an idle worker's load report interval (when its load changed)
 
 
 class Worker:
@@ -52,42 +67,88 @@ class Worker:
         model, tokenizer = load_model(model_name, seed)
         self.engine = Engine(model, tokenizer, num_blocks,
                              shared_name=f"pdserve-{os.getpid()}-{instance_id}")
+        install_from_env(self.engine)
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size)
         self.requests: dict[int, Request] = {}
         self.handoffs: dict[int, AdoptKV] = {}
         self.peers: dict[str, PagedKVPool] = {}
         self.running = True
+        self._executing: frozenset[int] = frozenset()
+        self._reported: InstanceStats | None = None
+        self._reported_at = 0.0
 
     def stats(self) -> InstanceStats:
         return InstanceStats.of(self.local)
 
     def serve(self) -> None:
         assert self.engine.pool.shared_name is not None
+        self._reported = self.stats()
         self.connection.send(WorkerReady(self.instance_id, self.engine.pool.shared_name,
-                                         self.stats()))
+                                         self._reported))
         try:
             idle = True
             while self.running:
-                while self.connection.poll(None if idle else 0):
-                    self.handle(self.connection.recv())
+                while self.connection.poll(IDLE_REPORT_S if idle else 0):
+                    self.handle_safely(self.connection.recv())
                     if not self.running:
                         return
                     idle = False
                 self.start_transfers()
                 idle = not self.step()
+                if idle:
+                    self.report_if_changed()
         finally:
             for pool in self.peers.values():
                 pool.close()
             self.engine.pool.close()
 
+    def report_if_changed(self) -> None:
+        """While idle: report the load when it changed, and at least every IDLE_REPORT_S
+        (the driver's view may hold its own estimate since: a dispatch it bumped)."""
+        stats, now = self.stats(), time.monotonic()
+        if stats != self._reported or now - self._reported_at >= IDLE_REPORT_S:
+            self._reported, self._reported_at = stats, now
+            self.connection.send(StatsReport(self.instance_id, stats))
+
     # ---- commands ----
+    def handle_safely(self, command: Command) -> None:
+        """`handle`, failing the command's request (not the worker) if it raises."""
+        try:
+            self.handle(command)
+        except Exception as err:  # noqa: BLE001 - one request's failure, not the worker's
+            request_id = getattr(command, "request_id", None)
+            if request_id is None and isinstance(command, AdoptKV):
+                request_id = command.handoff.request_id
+            if request_id is None:
+                raise
+            traceback.print_exc()
+            self.drop(request_id)
+            self.connection.send(WorkerError(
+                self.instance_id, request_id,
+                f"the worker failed handling {type(command).__name__}: {describe(err)}",
+                "server_error"))
+
+    def drop(self, request_id: int) -> None:
+        """Forget a request wherever it is here and free its KV."""
+        request = self.requests.pop(request_id, None)
+        if request is not None:
+            self.local.abort(request)
+        self.handoffs.pop(request_id, None)
+        if request_id in self.engine.sequences:
+            self.engine.release(request_id)
+
     def handle(self, command: Command) -> None:
         local, engine = self.local, self.engine
         if isinstance(command, AddRequest):
-            request = Request(command.request_id, 0.0, len(command.prompt_ids),
-                              command.params.max_tokens)
+            # resumed tokens are prefilled with the prompt; the local scheduler sees one
+            # longer prompt and what is left of max_tokens, so the first prefill still hands
+            # off, and the engine's sequence counts the resumed tokens as generated
+            resumed = len(command.resume_ids)
+            request = Request(command.request_id, 0.0, len(command.prompt_ids) + resumed,
+                              command.params.max_tokens - resumed)
             try:
-                engine.add(command.request_id, list(command.prompt_ids), command.params)
+                engine.add(command.request_id, list(command.prompt_ids), command.params,
+                           command.resume_ids)
             except ValueError as err:
                 self.connection.send(WorkerError(self.instance_id, command.request_id, str(err)))
                 return
@@ -109,28 +170,36 @@ class Worker:
             self.connection.send(Detached(self.instance_id, command.request_id,
                                           engine.export(command.request_id) if moved else None))
         elif isinstance(command, ReleaseKV):
-            request = self.requests.pop(command.request_id)
-            local.release_handoff(request)
-            engine.release(command.request_id)
-        elif isinstance(command, Cancel):
             request = self.requests.pop(command.request_id, None)
-            if request is not None:
-                local.abort(request)
-                self.handoffs.pop(command.request_id, None)
-                if command.request_id in engine.sequences:
-                    engine.release(command.request_id)
+            if request is not None:  # else cancelled meanwhile
+                local.release_handoff(request)
+                engine.release(command.request_id)
+        elif isinstance(command, Cancel):
+            self.drop(command.request_id)
         elif isinstance(command, SetChunk):
             local.chunk_size_tokens = command.chunk_size_tokens
+        elif isinstance(command, ForgetPool):
+            pool = self.peers.pop(command.pool_name, None)
+            if pool is not None:
+                pool.close()
         elif isinstance(command, Shutdown):
             self.running = False
 
     def start_transfers(self) -> None:
         for request in self.local.admit_transfers():
             handoff = self.handoffs.pop(request.request_id).handoff
-            assert handoff.pool_name is not None
-            if handoff.pool_name not in self.peers:
-                self.peers[handoff.pool_name] = attach_pool(handoff.pool_name, self.engine.pool)
-            self.engine.import_from(handoff, self.peers[handoff.pool_name])
+            try:
+                assert handoff.pool_name is not None
+                if handoff.pool_name not in self.peers:
+                    self.peers[handoff.pool_name] = attach_pool(handoff.pool_name,
+                                                                self.engine.pool)
+                self.engine.import_from(handoff, self.peers[handoff.pool_name])
+            except Exception as err:  # noqa: BLE001 - e.g. the sender's pool is gone
+                self.drop(request.request_id)
+                self.connection.send(WorkerError(
+                    self.instance_id, request.request_id,
+                    f"the KV transfer failed: {describe(err)}", "server_error"))
+                continue
             self.local.transfer_done(request)
             self.connection.send(Transferred(self.instance_id, request.request_id))
 
@@ -138,19 +207,36 @@ class Worker:
     def step(self) -> bool:
         plan = self.local.plan()
         if plan is None:
+            if self._executing:  # idle: no request is running
+                self._executing = frozenset()
+                self.connection.send(Executing(self.instance_id, self._executing))
             return False
+        batch = frozenset([*(r.request_id for r in plan.decodes),
+                           *(r.request_id for r, _ in plan.chunks)])
+        if batch != self._executing:
+            self._executing = batch
+            self.connection.send(Executing(self.instance_id, batch))
         start = time.perf_counter()
-        outputs = self.engine.execute(plan)
+        guarded = run_guarded(self.engine, plan)
+        outputs, failures = guarded.outputs, guarded.failures
         stopped = frozenset(o.request_id for o in outputs if o.finish_reason)
         result = self.local.complete(plan, time.perf_counter() - start, stopped)
-        tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob) for o in outputs)
-        self.connection.send(StepDone(self.instance_id, tokens, self.stats()))
+        for request_id in failures:
+            self.drop(request_id)
+        tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob)
+                       for o in outputs)
+        self._reported, self._reported_at = self.stats(), time.monotonic()  # as sent
+        self.connection.send(StepDone(self.instance_id, tokens, self._reported))
+        for request_id, (kind, message) in failures.items():
+            self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
         for request in result.prefilled:
-            self.connection.send(Prefilled(self.instance_id,
-                                           self.engine.export(request.request_id)))
+            if request.request_id not in failures:
+                self.connection.send(Prefilled(self.instance_id,
+                                               self.engine.export(request.request_id)))
         for request in result.finished:
-            self.requests.pop(request.request_id, None)
-            self.engine.release(request.request_id)
+            if request.request_id not in failures:
+                self.requests.pop(request.request_id, None)
+                self.engine.release(request.request_id)
         return True
 
 

@@ -119,7 +119,8 @@ def create_app(driver: LiveDriver, model_name: str, context_tokens: int,
                 reason = value
                 break
             else:
-                raise APIError(503, f"request failed: {value}", kind="server_error")
+                raise APIError(live.error_status or 503, f"request failed: {value}",
+                               kind=live.error_type or "server_error")
         content = "".join(text)
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
         if chat:
@@ -169,7 +170,8 @@ def create_app(driver: LiveDriver, model_name: str, context_tokens: int,
                 else:
                     finished = True
                     yield "data: " + json.dumps({"error": {
-                        "message": f"request failed: {value}", "type": "server_error",
+                        "message": f"request failed: {value}",
+                        "type": live.error_type or "server_error",
                         "param": None, "code": None}}) + "\n\n"
                     break
             yield "data: [DONE]\n\n"

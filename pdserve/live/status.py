@@ -1,0 +1,90 @@
+"""What the live driver tells operators: `/health`'s body and the `/metrics` families.
+
+Health is honest: "ok" (HTTP 200) only while some live instance takes prefills and some
+takes decodes, i.e. while a request can be served; otherwise "unavailable" (503). The body
+names live, restarting and dead workers, their roles and PIDs, and recent role changes with
+their reasons. Metrics count live pool members only, and per-instance families cover live
+workers (a dead worker's last snapshot is not reported as current).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pdserve.instance.stats import InstanceStats
+from pdserve.live.metrics import Family
+from pdserve.live.processes import WorkerState
+
+if TYPE_CHECKING:
+    from pdserve.live.driver import LiveDriver
+
+
+def empty_stats(instance_id: int, total_blocks: int) -> InstanceStats:
+    """The load of an instance that holds nothing (a dead or freshly restarted worker)."""
+    return InstanceStats(instance_id, 0, 0, 0, 0, 0, 0, 0, 0, total_blocks, 0, 0, 0.0)
+
+
+def health(driver: LiveDriver) -> dict[str, object]:
+    board, workers = driver.scheduler.board, driver.workers
+    by_state = {state: [i for i, s in enumerate(workers.states) if s is state]
+                for state in WorkerState}
+    serving = bool(board.prefill_candidates and board.decode_candidates)
+    return {
+        "status": "ok" if serving else "unavailable",
+        "workers": workers.count,
+        "live": by_state[WorkerState.LIVE],
+        "restarting": by_state[WorkerState.RESTARTING],
+        "dead": by_state[WorkerState.DEAD],
+        "alive": by_state[WorkerState.LIVE],  # older names of live and not-live
+        "failed": sorted(driver.failed),
+        "roles": [role.value for role in board.roles],
+        "prefill_capable": list(board.prefill_candidates),
+        "decode_capable": list(board.decode_candidates),
+        "pids": {str(i): workers.pid(i) for i in by_state[WorkerState.LIVE]},
+        "restarts": workers.restarts_total,
+        "requests_in_flight": len(driver.live),
+        "role_changes": [{"time": t, "instance": i, "role": role, "reason": reason}
+                         for t, i, role, reason in list(driver.role_changes)[-8:]],
+    }
+
+
+def metric_families(driver: LiveDriver) -> list[Family]:
+    board, states = driver.scheduler.board, driver.workers.states
+    live = [s for s in driver.view.instances if states[s.instance_id] is WorkerState.LIVE]
+
+    def per_instance(name: str, kind: str, help_text: str, attribute: str) -> Family:
+        return Family(name, kind, help_text, [
+            ({"instance": str(s.instance_id)}, float(getattr(s, attribute))) for s in live])
+
+    families = [
+        Family("requests_in_flight", "gauge", "Requests admitted and not yet ended.",
+               [({}, float(len(driver.live)))]),
+        per_instance("prefill_queue_len", "gauge",
+                     "Requests waiting for or in prefill, per live instance.",
+                     "prefill_queue_len"),
+        per_instance("decode_queue_len", "gauge",
+                     "Decodes waiting for their KV or a batch slot, per live instance.",
+                     "decode_queue_len"),
+        per_instance("running_decodes", "gauge", "Sequences decoding, per live instance.",
+                     "running_decodes"),
+        per_instance("used_blocks", "gauge", "KV blocks in use, per live instance.",
+                     "used_blocks"),
+        per_instance("kv_capacity_blocks", "gauge",
+                     "KV blocks of the pool (16 tokens each), per live instance.",
+                     "total_blocks"),
+        Family("kv_usage_ratio", "gauge", "Fraction of KV blocks in use, per live instance.",
+               [({"instance": str(s.instance_id)}, s.used_blocks / s.total_blocks
+                 if s.total_blocks else 0.0) for s in live]),
+        per_instance("preemptions_total", "counter",
+                     "Sequences preempted (KV dropped, recomputed later), per live instance "
+                     "since its worker started.", "preemptions_total"),
+        Family("pool_size", "gauge", "Live instances in each role.",
+               [({"role": role.value}, float(len(members)))
+                for role, members in board.pools.items()]),
+        Family("worker_up", "gauge", "1 if the instance's worker is live, else 0.",
+               [({"instance": str(i), "state": state.value},
+                 1.0 if state is WorkerState.LIVE else 0.0) for i, state in enumerate(states)]),
+        Family("workers_failed", "gauge", "Workers not serving now (restarting or dead).",
+               [({}, float(len(driver.failed)))]),
+    ]
+    return families
