@@ -97,6 +97,30 @@ class Request:
     decode_instance: int = -1
     rejected_reason: str = ""
     transfer_s: float = 0.0  # time spent moving KV between instances
+    # --- token timing on the decode instance (see `record_decode_tokens`) ---
+    decode_first_token_s: float = math.nan  # first token emitted by its decode instance
+    last_token_s: float = math.nan  # latest token emitted by its decode instance
+    max_itl_s: float = 0.0  # widest gap between consecutive tokens from decode_first_token_s on
+
+    def decode_in_place(self) -> None:
+        """The instance that prefilled this request decodes it: the prefill's token was
+        already the decode instance's first."""
+        if self.decode_first_token_s != self.decode_first_token_s:  # NaN: not yet set
+            self.decode_first_token_s = self.last_token_s = self.first_token_s
+
+    def record_decode_tokens(self, first_s: float, last_s: float,
+                             max_gap_between_s: float = 0.0) -> None:
+        """Its decode instance emitted tokens, the first at `first_s` and the last at
+        `last_s` (equal for one token), with at most `max_gap_between_s` between two of
+        them. The gap since the previous token counts toward `max_itl_s`; the KV hand-off
+        before the decode instance's first token does not (it is TTFT in TaiChi's sense)."""
+        if self.decode_first_token_s != self.decode_first_token_s:  # NaN: the first
+            self.decode_first_token_s = first_s
+        elif first_s - self.last_token_s > self.max_itl_s:
+            self.max_itl_s = first_s - self.last_token_s
+        if max_gap_between_s > self.max_itl_s:
+            self.max_itl_s = max_gap_between_s
+        self.last_token_s = last_s
 
     @property
     def sequence_tokens(self) -> int:

@@ -184,6 +184,7 @@ class LiveDriver:
             return
         live.request.decode_instance = action.target_id
         if action.target_id == action.source_id:
+            live.request.decode_in_place()
             self._send(action.source_id, ContinueInPlace(action.request.request_id))
         else:
             self.metrics.count("transfers")
@@ -252,6 +253,8 @@ class LiveDriver:
             if math.isnan(request.first_token_s):
                 request.first_token_s = now
                 self.metrics.ttft.observe(now - request.arrival_s)
+            if instance == request.decode_instance:
+                request.record_decode_tokens(now, now)
             live.tokens_sent += 1
             delta = live.stream.push(token)
             if delta:
