@@ -124,3 +124,19 @@ def test_topology_places_instances_and_names_links():
         network_link("infiniband")
     with pytest.raises(ValueError, match="instances_per_node"):
         Topology.build([NVLINK], 0)
+
+
+def test_a_lone_transfer_is_one_event_and_still_shares_when_another_comes():
+    slow_calls = Link("calls", 1 * GB, 0.25)
+    links = LinkSimulator(Topology.build([slow_calls] * 3, 3, NET))
+    links.start("a", 0.0, 0, 1, 1 * GB)  # joins at 0.25 alone: its end, 1.25, is the event
+    assert links.next_event_s() == 1.25
+    links.start("b", 0.75, 2, 1, 1 * GB)  # joins 1's in-port at 1.0, a has 0.25 GB left
+    assert links.next_event_s() == 1.0
+    ended = {}
+    while links.in_flight:
+        time_s = links.next_event_s()
+        for key in links.advance(time_s):
+            ended[key] = time_s
+    # a: 0.75 GB by 1.0, then 0.25 GB at 0.5 GB/s -> 1.5; b: 0.25 GB by 1.5, 0.75 GB alone
+    assert ended == {"a": 1.5, "b": 2.25}

@@ -47,12 +47,15 @@ class LinkSimulator:
             for link_class in (INTRA, INTER):
                 bandwidth = topology.port_link(instance, link_class).bytes_per_s
                 self._capacity += [bandwidth, bandwidth]  # out, in
+        ports = len(self._capacity)
+        self._on_port: list[list[_Transfer]] = [[] for _ in range(ports)]  # active ones
+        self._users = [0] * ports  # transfers joining or active on each port
         self._joining: list[tuple[float, int, _Transfer]] = []  # paying per-call costs
         self._active: dict[int, _Transfer] = {}  # by seq: start order
-        self._on_port: dict[int, list[_Transfer]] = {}
         self._ended: list[object] = []  # keys of ended transfers not yet taken
         self._seq = 0
         self._now_s = 0.0  # the latest time settled to
+        self._next_end_s = math.inf  # the earliest finish among the active transfers
 
     @property
     def in_flight(self) -> int:
@@ -63,21 +66,36 @@ class LinkSimulator:
         """Start moving `num_bytes` from `source` to `target` at `now_s` (no earlier than
         any time this simulator has been advanced to)."""
         self._settle(now_s)
-        kind = self.topology.link_class(source, target)
-        link = self.topology.link_between(source, target)
+        topology = self.topology
+        kind = topology.link_class(source, target)
+        link = topology.link_between(source, target)
         self._seq += 1
-        transfer = _Transfer(key, self._seq, (_port(source, kind, _OUT),
-                                               _port(target, kind, _IN)), float(num_bytes))
-        heapq.heappush(self._joining, (now_s + calls * link.per_call_s, self._seq, transfer))
-        self._settle(now_s)  # joins now when it has no per-call cost
+        ports = (_port(source, kind, _OUT), _port(target, kind, _IN))
+        transfer = _Transfer(key, self._seq, ports, float(num_bytes))
+        for port in ports:
+            self._users[port] += 1
+        join_s = now_s + calls * link.per_call_s
+        heapq.heappush(self._joining, (join_s, self._seq, transfer))
+        if join_s <= now_s:
+            self._settle(now_s)  # no per-call cost: it joins now
 
     def next_event_s(self) -> float:
-        """When a transfer next joins its ports or ends (`inf` when none will)."""
+        """When the links next change in a way that matters: a transfer ends, or one joins
+        ports that another transfer uses (`inf` when nothing will happen). A transfer alone
+        on its ports from start to end joins silently: only its end is an event."""
         if self._ended:
             return self._now_s  # ended already: take them now
-        joining = self._joining[0][0] if self._joining else math.inf
-        return min(joining, min((t.finish_s for t in self._active.values()),
-                                default=math.inf))
+        time_s = self._next_end_s
+        users, capacity = self._users, self._capacity
+        for join_s, _, transfer in self._joining:
+            if join_s >= time_s:
+                continue
+            out, into = transfer.ports
+            if users[out] == 1 and users[into] == 1 and transfer.num_bytes > 0:
+                join_s += transfer.num_bytes / min(capacity[out], capacity[into])  # its end
+            if join_s < time_s:
+                time_s = join_s
+        return time_s
 
     def advance(self, now_s: float) -> list[object]:
         """Move virtual time to `now_s`; the keys of the transfers ended by then, in the
@@ -89,76 +107,98 @@ class LinkSimulator:
     # ---- internals ----
     def _settle(self, now_s: float) -> None:
         """Apply every join and end at or before `now_s`, in time order."""
-        self._now_s = max(self._now_s, now_s)
+        if now_s > self._now_s:
+            self._now_s = now_s
+        joining, active, on_port, users = self._joining, self._active, self._on_port, self._users
         while True:
-            joining = self._joining[0][0] if self._joining else math.inf
-            ending = min((t.finish_s for t in self._active.values()), default=math.inf)
-            time_s = min(joining, ending)
+            join_s = joining[0][0] if joining else math.inf
+            end_s = self._next_end_s
+            time_s = join_s if join_s < end_s else end_s
             if time_s > now_s:
                 return
-            changed: set[int] = set()
-            if ending == time_s:
-                for transfer in [t for t in self._active.values() if t.finish_s <= time_s]:
-                    del self._active[transfer.seq]
+            changed: list[int] = []
+            if end_s == time_s:
+                for transfer in [t for t in active.values() if t.finish_s <= time_s]:
+                    del active[transfer.seq]
                     for port in transfer.ports:
-                        self._on_port[port].remove(transfer)
-                        changed.add(port)
+                        on_port[port].remove(transfer)
+                        users[port] -= 1
+                        changed.append(port)
                     self._ended.append(transfer.key)
-            while self._joining and self._joining[0][0] <= time_s:
-                transfer = heapq.heappop(self._joining)[2]
+            while joining and joining[0][0] <= time_s:
+                transfer = heapq.heappop(joining)[2]
                 if transfer.num_bytes <= 0:
+                    for port in transfer.ports:
+                        users[port] -= 1
                     self._ended.append(transfer.key)
                     continue
-                self._active[transfer.seq] = transfer
+                active[transfer.seq] = transfer
                 for port in transfer.ports:
-                    self._on_port.setdefault(port, []).append(transfer)
-                    changed.add(port)
+                    on_port[port].append(transfer)
+                    changed.append(port)
             if changed:
                 self._share(time_s, changed)
+            self._next_end_s = min((t.finish_s for t in active.values()), default=math.inf)
 
-    def _share(self, now_s: float, changed: set[int]) -> None:
-        """Recompute max-min fair rates of the transfers connected to the `changed` ports."""
+    def _share(self, now_s: float, changed: list[int]) -> None:
+        """Recompute the max-min fair rates of the transfers connected to `changed` ports."""
+        on_port, capacity = self._on_port, self._capacity
+        alone: list[_Transfer] = []  # the common case: each transfer alone on its ports
+        for port in changed:
+            here = on_port[port]
+            if len(here) > 1:
+                break
+            if here:
+                out, into = here[0].ports
+                if len(on_port[out]) > 1 or len(on_port[into]) > 1:
+                    break
+                alone.append(here[0])
+        else:
+            for transfer in alone:
+                out, into = transfer.ports
+                self._set_rate(transfer, min(capacity[out], capacity[into]), now_s)
+            return
         ports, transfers = self._component(changed)
-        capacity = {port: self._capacity[port] for port in ports}
-        unfixed = {port: len(self._on_port.get(port, ())) for port in ports}
+        left = {port: capacity[port] for port in ports}
+        unfixed = {port: len(on_port[port]) for port in ports}
         rates: dict[int, float] = {}
         while len(rates) < len(transfers):
             bottleneck, share = -1, math.inf
             for port in ports:
-                if unfixed[port] and capacity[port] / unfixed[port] < share:
-                    bottleneck, share = port, capacity[port] / unfixed[port]
-            for transfer in self._on_port[bottleneck]:
+                if unfixed[port] and left[port] / unfixed[port] < share:
+                    bottleneck, share = port, left[port] / unfixed[port]
+            for transfer in on_port[bottleneck]:
                 if transfer.seq in rates:
                     continue
                 rates[transfer.seq] = share
                 for port in transfer.ports:
-                    capacity[port] = max(0.0, capacity[port] - share)
+                    left[port] = max(0.0, left[port] - share)
                     unfixed[port] -= 1
         for transfer in transfers:
-            rate = rates[transfer.seq]
-            if rate == transfer.rate:
-                continue
-            if transfer.rate > 0:
-                transfer.num_bytes = (transfer.finish_s - now_s) * transfer.rate
-            transfer.rate = rate
-            transfer.finish_s = now_s + transfer.num_bytes / rate
+            self._set_rate(transfer, rates[transfer.seq], now_s)
 
-    def _component(self, changed: set[int]) -> tuple[list[int], list[_Transfer]]:
+    @staticmethod
+    def _set_rate(transfer: _Transfer, rate: float, now_s: float) -> None:
+        if rate == transfer.rate:
+            return  # its finish time stands
+        if transfer.rate > 0:
+            transfer.num_bytes = (transfer.finish_s - now_s) * transfer.rate
+        transfer.rate = rate
+        transfer.finish_s = now_s + transfer.num_bytes / rate
+
+    def _component(self, changed: list[int]) -> tuple[list[int], list[_Transfer]]:
         """Ports and transfers reachable from `changed` through shared transfers, in a
         deterministic order."""
-        ports: list[int] = []
         seen_ports: set[int] = set()
         found: dict[int, _Transfer] = {}
-        stack = sorted(changed)
+        stack = sorted(set(changed))
         while stack:
             port = stack.pop()
             if port in seen_ports:
                 continue
             seen_ports.add(port)
-            ports.append(port)
-            for transfer in self._on_port.get(port, ()):
+            for transfer in self._on_port[port]:
                 if transfer.seq not in found:
                     found[transfer.seq] = transfer
                     stack.extend(p for p in transfer.ports if p not in seen_ports)
-        ports.sort()
-        return ports, [found[seq] for seq in sorted(found)]
+        return sorted(seen_ports), [found[seq] for seq in sorted(found)]

@@ -49,7 +49,7 @@ from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.links import LinkSimulator
-from pdserve.types import KV_BLOCK_TOKENS, Request, Role
+from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
 
 _BATCH_DONE, _TRANSFER_DONE, _TICK = 0, 1, 2
 
@@ -284,8 +284,8 @@ class Simulator:
             self._outstanding -= 1
             self._completed += 1
             self._apply(handle(Finished(request, instance.local.instance_id), self.view))
-        for request in result.recomputed:  # its decode instance emitted a token again
-            request.record_decode_tokens(now, now)
+        if result.recomputed:  # its decode instance emitted a token again
+            record_decode_tokens(result.recomputed, now, now)
         for request in result.prefilled:
             request.first_token_s = now
             self._apply(handle(PrefillDone(request, instance.local.instance_id), self.view))
@@ -302,15 +302,12 @@ class Simulator:
         if not decodes:
             return
         if plan.steps == 1:
-            for request in decodes:
-                request.record_decode_tokens(end_s, end_s)
+            record_decode_tokens(decodes, end_s, end_s)
             return
         batch, context, steps = len(decodes), plan.decode_context_tokens, plan.steps
         step = instance.perf.decode.step_s
-        first_s = instance.start_s + step(batch, context)
-        last_step_s = step(batch, context + batch * (steps - 1))
-        for request in decodes:
-            request.record_decode_tokens(first_s, end_s, last_step_s)
+        record_decode_tokens(decodes, instance.start_s + step(batch, context), end_s,
+                             step(batch, context + batch * (steps - 1)))
 
     def _on_transfer_done(self, request: Request) -> None:
         request.transfer_s += self.view.now_s - self._transfer_start_s.pop(request.request_id)
