@@ -16,16 +16,13 @@ Prints attainment and latency percentiles side by side; writes JSON to --out.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from pdserve.bench.client import free_port, replay, wait_until_healthy
+from pdserve.bench.live_replay import serve_and_replay
 from pdserve.bench.metrics import Summary, summarize
 from pdserve.bench.traces import load_trace
 from pdserve.config import SimConfig
@@ -40,23 +37,8 @@ KV_BLOCKS, CHUNK, MAX_BATCH = 2048, 512, 64
 
 
 def live_run(policy: str, perf_file: Path, slo: SLO, workload, timeout_s: float):
-    port = free_port()
-    command = [sys.executable, "-m", "pdserve.cli", "serve", "--model", "tiny",
-               "--instances", "4", "--policy", policy, *POLICIES[policy], "--port", str(port),
-               "--perf-model", str(perf_file), "--kv-blocks", str(KV_BLOCKS),
-               "--chunk-size", str(CHUNK), "--max-batch-size", str(MAX_BATCH),
-               "--ttft-slo", str(slo.ttft_s), "--tpot-slo", str(slo.tpot_s)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(base, 180, lambda: server.poll() is None)
-        return asyncio.run(replay(base, workload, "tiny", timeout_s))
-    finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    return serve_and_replay("tiny", 4, ["--policy", policy, *POLICIES[policy]], perf_file, slo,
+                            workload, timeout_s, KV_BLOCKS, CHUNK, MAX_BATCH)
 
 
 def row(label: str, summary: Summary) -> str:

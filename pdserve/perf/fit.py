@@ -1,6 +1,7 @@
 """Least-squares fits of the fitted performance model from profile samples, with R^2.
 
-Samples are plain tuples so a profiler (live engine) or a model (roofline) can produce them:
+Samples are plain tuples so a profiler (live engine) or a model (calibrated, roofline) can
+produce them:
   prefill   (new_tokens, prior_tokens, seconds)     one request's chunk per sample
   decode    (batch_size, context_tokens, seconds)   one step per sample
   transfer  (bytes, calls, seconds)
@@ -52,25 +53,59 @@ def _as_array(samples: Sequence[tuple[float, float, float]], what: str, minimum:
     return data
 
 
-def fit_prefill(samples: Sequence[tuple[float, float, float]]) -> PrefillCoeffs:
+def _relative_sse(columns: list[np.ndarray], coeffs: np.ndarray, target: np.ndarray) -> float:
+    residual = (np.column_stack(columns) @ coeffs - target) / np.maximum(target, 1e-12)
+    return float((residual**2).sum())
+
+
+def fit_prefill(samples: Sequence[tuple[float, float, float]],
+                knee: bool = False) -> PrefillCoeffs:
+    """Fit a prefill batch; with `knee`, also a per-token slope above a knee token count,
+    the knee chosen among the sampled chunk sizes by the smallest relative error."""
     data = _as_array(samples, "prefill", 3)
     new, prior, seconds = data.T
     units = np.array([attn_units(int(n), int(p)) for n, p in zip(new, prior, strict=True)],
                      dtype=float)
-    (a, b, c), r2 = _least_squares([np.ones_like(new), new, units], seconds)
-    return PrefillCoeffs(float(a), float(b), float(c), r2)
+    columns = [np.ones_like(new), new, units]
+    coeffs, r2 = _least_squares(columns, seconds)
+    best = (_relative_sse(columns, coeffs, seconds), 0, coeffs, r2)
+    sizes = sorted(set(new.tolist()))
+    for candidate in (sizes[1:-2] if knee else []):
+        with_knee = [*columns, np.maximum(0.0, new - candidate)]
+        coeffs, r2 = _least_squares(with_knee, seconds)
+        error = _relative_sse(with_knee, coeffs, seconds)
+        if error < best[0]:
+            best = (error, int(candidate), coeffs, r2)
+    _, knee_tokens, coeffs, r2 = best
+    return PrefillCoeffs(float(coeffs[0]), float(coeffs[1]), float(coeffs[2]), r2, knee_tokens,
+                         float(coeffs[3]) if knee_tokens else 0.0)
 
 
-def fit_decode(samples: Sequence[tuple[float, float, float]]) -> DecodeCoeffs:
+def fit_decode(samples: Sequence[tuple[float, float, float]], knee: bool = False) -> DecodeCoeffs:
+    """Fit a decode step; with `knee`, also a per-sequence slope above a knee batch size,
+    the knee chosen among the sampled batch sizes by the smallest relative error."""
     data = _as_array(samples, "decode", 4)
     batch, context, seconds = data.T
     batch1 = (batch == 1).astype(float)
     columns = [np.ones_like(batch), batch, context]
     if 0 < batch1.sum() < len(batch):
         columns.append(batch1)
-    coeffs, r2 = _least_squares(columns, seconds, free=frozenset({3}))
-    extra = float(coeffs[3]) if len(coeffs) == 4 else 0.0
-    return DecodeCoeffs(float(coeffs[0]), float(coeffs[1]), float(coeffs[2]), extra, r2)
+    free = frozenset({3}) if len(columns) == 4 else frozenset()
+    coeffs, r2 = _least_squares(columns, seconds, free=free)
+    best: tuple[float, int, np.ndarray, float] = (_relative_sse(columns, coeffs, seconds), 0,
+                                                 coeffs, r2)
+    sizes = sorted(set(batch.tolist()))
+    for candidate in (sizes[1:-2] if knee else []):
+        with_knee = [*columns, np.maximum(0.0, batch - candidate)]
+        coeffs, r2 = _least_squares(with_knee, seconds, free=free)
+        error = _relative_sse(with_knee, coeffs, seconds)
+        if error < best[0]:
+            best = (error, int(candidate), coeffs, r2)
+    _, knee_batch, coeffs, r2 = best
+    extra = float(coeffs[3]) if 3 in free else 0.0
+    above = float(coeffs[-1]) if knee_batch else 0.0
+    return DecodeCoeffs(float(coeffs[0]), float(coeffs[1]), float(coeffs[2]), extra, r2,
+                        knee_batch, above)
 
 
 def fit_transfer(samples: Sequence[tuple[float, float, float]]) -> TransferCoeffs:

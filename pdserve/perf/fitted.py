@@ -1,17 +1,23 @@
 """The performance model the simulator and the policies use: a few fitted coefficients.
 
   prefill batch    a_p + b_p * tokens + c_p * attn_units      attn_units = sum n*(n + 2p)
+                   + k_p * max(0, tokens - knee)  (the same floor as decode's, optional)
   decode step      a_d + b_d * B + c_d * sum(context) (+ e_d when B == 1)
+                   + k_d * max(0, B - knee)   the GEMMs' memory-bound floor: below `knee`
+                                              sequences the weights' read dominates, above it
+                                              each extra token costs compute
   mixed batch      prefill part + decode part - min(a_p, a_d)  (one forward pass, one overhead)
   KV transfer      calls * alpha + bytes / beta
 
 `attn_units` charges a chunk of n new tokens after p prior tokens for attention over its
 context, so a 2-chunk prefill costs the same attention as a 1-shot one. Coefficients come
 from `fit_*` in `pdserve.perf.fit` over profile samples: measured on the live engine
-(`pdserve profile`) or drawn from the roofline model for a preset (`pdserve.perf.presets`).
+(`pdserve profile`) or drawn from the calibrated (or roofline) model for a preset
+(`pdserve.perf.presets`).
 
-Because a decode step is linear in the context and the context grows by B per step, the time
-of k steps is closed-form: k*A + c_d*B*k(k-1)/2 with A the first step's time. The simulator
+Because a decode step is linear in the context and the context grows by B per step (B is
+fixed within a span, so any term in B alone is a constant of the span), the time of k steps is
+closed-form: k*A + c_d*B*k(k-1)/2 with A the first step's time. The simulator
 uses that to advance a batch over many steps at once (`span_time_s`, `steps_done_within`).
 """
 
@@ -29,9 +35,14 @@ class PrefillCoeffs:
     per_token_s: float
     per_attn_unit_s: float
     r2: float = 1.0
+    knee_tokens: int = 0  # 0: no knee term
+    per_token_above_knee_s: float = 0.0
 
     def time_s(self, tokens: int, attn_units: int) -> float:
-        return self.intercept_s + self.per_token_s * tokens + self.per_attn_unit_s * attn_units
+        time = self.intercept_s + self.per_token_s * tokens + self.per_attn_unit_s * attn_units
+        if tokens > self.knee_tokens:
+            time += self.per_token_above_knee_s * (tokens - self.knee_tokens)
+        return time
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +52,13 @@ class DecodeCoeffs:
     per_context_token_s: float
     batch1_extra_s: float = 0.0
     r2: float = 1.0
+    knee_batch: int = 0  # 0: no knee term
+    per_seq_above_knee_s: float = 0.0
 
     def step_s(self, batch_size: int, context_tokens: int) -> float:
         extra = self.batch1_extra_s if batch_size == 1 else 0.0
+        if batch_size > self.knee_batch:
+            extra += self.per_seq_above_knee_s * (batch_size - self.knee_batch)
         return (self.intercept_s + extra + self.per_seq_s * batch_size
                 + self.per_context_token_s * context_tokens)
 

@@ -15,13 +15,24 @@ Where a paper does not state the degree, it is the smallest power of two that le
 for KV after the weights (70B: 141 GB of weights; 32B: 65 GB).
 
 Any other model x gpu pair works too; its tp defaults to the smallest power of two whose
-weights take at most 60 % of the instance's memory.
+weights take at most 60 % of the instance's memory. `tp` is per instance: `tp=8` is one vLLM
+instance over 8 GPUs (compute split 8 ways, 2 all-reduces per layer, the 8 GPUs' memory for
+weights and KV).
+
+`perf_model` is calibrated (`calibrated.py`): operator curves fitted to Vidur's measured A100
+timings (`pdserve/data/gpu_profiles/`). Only the A100 is measured; H800, H100, H20 and
+RTX 4090D use the same fitted efficiency curves scaled by each GPU's datasheet peaks
+(`specs.py`: HBM bandwidth for memory-bound terms, dense 16-bit TFLOP/s for compute-bound
+terms, one-way link bandwidth for all-reduce and KV transfer), with launch latencies and
+vLLM's CPU overheads kept as measured on the A100 host. `roofline_perf_model` keeps the older
+roofline with stated efficiency factors.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+from pdserve.perf.calibrated import Calibrated
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.roofline import Roofline
 from pdserve.perf.specs import gpu_spec, model_spec
@@ -53,7 +64,17 @@ def roofline(model: str, gpu: str, tp: int | None = None) -> Roofline:
     return Roofline(model_spec(model), gpu_spec(gpu), tp or default_tp(model, gpu))
 
 
+def calibrated(model: str, gpu: str, tp: int | None = None) -> Calibrated:
+    return Calibrated(model_spec(model), gpu_spec(gpu), tp or default_tp(model, gpu))
+
+
 @lru_cache(maxsize=64)
 def perf_model(model: str, gpu: str, tp: int | None = None) -> PerfModel:
-    """The fitted model for a model x gpu x tp, from the roofline."""
+    """The runtime model for a model x gpu x tp, fitted to the calibrated operator model."""
+    return calibrated(model, gpu, tp).to_perf_model()
+
+
+@lru_cache(maxsize=64)
+def roofline_perf_model(model: str, gpu: str, tp: int | None = None) -> PerfModel:
+    """The runtime model fitted to the roofline (uncalibrated efficiency factors)."""
     return roofline(model, gpu, tp).to_perf_model()

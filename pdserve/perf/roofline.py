@@ -15,7 +15,9 @@ Efficiency factors (stated, not fitted; change them here):
   LINK_EFFICIENCY 0.70     achievable fraction of NVLink/PCIe bandwidth for NCCL transfers
   STEP_OVERHEAD_S 0.002    per-forward scheduling, sampling and launch cost
   TRANSFER_CALL_S 0.0005   fixed cost of one KV transfer call (NCCL send setup and sync)
-  MEMORY_UTILISATION 0.90  vLLM's default gpu_memory_utilization
+  MEMORY_UTILISATION 0.90  vLLM's default gpu_memory_utilization (`specs.py`)
+`link_gb_s` is one-way (`specs.py`). The calibrated model (`calibrated.py`) is the default for
+presets; this one stays for comparison and for GPUs' what-ifs without measured curves.
 
 The simulator uses the linear `PerfModel` fitted to samples of this model (`to_perf_model`),
 so that decode spans stay closed-form; the fit's R^2 says how much the max() costs.
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.specs import GpuSpec, ModelSpec
+from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, kv_capacity_tokens
 from pdserve.types import attn_units
 
 COMPUTE_EFFICIENCY = 0.55
@@ -35,7 +37,6 @@ MEMORY_EFFICIENCY = 0.80
 LINK_EFFICIENCY = 0.70
 STEP_OVERHEAD_S = 0.002
 TRANSFER_CALL_S = 0.0005
-MEMORY_UTILISATION = 0.90
 ALLREDUCE_LATENCY_S = 10e-6
 
 
@@ -46,11 +47,7 @@ class Roofline:
     tp: int = 1
 
     def __post_init__(self) -> None:
-        if self.tp < 1:
-            raise ValueError(f"tp must be at least 1, got {self.tp}")
-        if self.model.heads % self.tp or self.model.kv_heads % self.tp:
-            raise ValueError(f"tp={self.tp} does not divide {self.model.name}'s "
-                             f"{self.model.heads} heads / {self.model.kv_heads} KV heads")
+        check_tp(self.model, self.tp)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -58,8 +55,7 @@ class Roofline:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        free = self.tp * self.gpu.memory_gb * 1e9 * MEMORY_UTILISATION - self.model.weight_bytes
-        return int(free // self.kv_bytes_per_token)
+        return kv_capacity_tokens(self.model, self.gpu, self.tp)
 
     def _forward_s(self, tokens: int, sampled: int, units: int, kv_bytes: float) -> float:
         m = self.model

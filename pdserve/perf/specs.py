@@ -1,7 +1,9 @@
-"""Model and GPU specifications for the roofline model, with where each number comes from.
+"""Model and GPU specifications for the performance models, with where each number comes from.
 
 Model shapes are the `config.json` fields of the public Hugging Face checkpoints named in
 `source`. GPU figures are vendor datasheet numbers for dense (non-sparse) 16-bit tensor math.
+`link_gb_s` is the one-way bandwidth from one GPU to a peer: datasheets quote NVLink as the
+two-way total (A100 600 GB/s = 300 each way), so the NVLink figures are halved here.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class GpuSpec:
     tflops: float  # dense BF16/FP16 tensor TFLOP/s
     hbm_gb_s: float
     memory_gb: float
-    link_gb_s: float  # GPU-to-GPU bandwidth used for TP all-reduce and KV transfer
+    link_gb_s: float  # one-way GPU-to-peer bandwidth, for TP all-reduce and KV transfer
+    interconnect: str = "nvlink"  # "nvlink" or "pcie": picks the fitted link efficiency
     source: str = ""
 
 
@@ -64,26 +67,60 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
               ffn=13824, vocab=152064, source="Qwen/Qwen2.5-14B config.json"),
     ModelSpec("qwen2.5-32b", layers=64, hidden=5120, heads=40, kv_heads=8, head_dim=128,
               ffn=27648, vocab=152064, source="Qwen/Qwen2.5-32B config.json"),
+    # the shapes Vidur profiled (pdserve/data/gpu_profiles/), for checking the calibration
+    ModelSpec("llama-2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128,
+              ffn=11008, vocab=32000, source="meta-llama/Llama-2-7b-hf config.json"),
+    ModelSpec("llama-2-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
+              ffn=28672, vocab=32000, source="meta-llama/Llama-2-70b-hf config.json"),
+    ModelSpec("codellama-34b", layers=48, hidden=8192, heads=64, kv_heads=8, head_dim=128,
+              ffn=22016, vocab=32000, source="codellama/CodeLlama-34b-Instruct-hf config.json"),
+    ModelSpec("qwen-72b", layers=80, hidden=8192, heads=64, kv_heads=64, head_dim=128,
+              ffn=24576, vocab=152064, source="Qwen/Qwen-72B config.json (intermediate_size "
+              "49152 counts gate and up; 24576 each, as Vidur's profile lists it)"),
     ModelSpec("qwen3-32b", layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128,
               ffn=25600, vocab=151936, source="Qwen/Qwen3-32B config.json (head_dim 128 is "
               "explicit there: 64 heads x 128 != hidden 5120)"),
 ]}
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
-    GpuSpec("h800", tflops=989.4, hbm_gb_s=3350, memory_gb=80, link_gb_s=400,
+    GpuSpec("h800", tflops=989.4, hbm_gb_s=3350, memory_gb=80, link_gb_s=200,
             source="H800 SXM5 has the H100 SXM5 compute and HBM3 (NVIDIA H100 datasheet: "
-            "989.4 dense BF16 TFLOP/s, 3.35 TB/s); NVLink 400 GB/s as stated in Arrow sec. 7.1"),
-    GpuSpec("a100", tflops=312, hbm_gb_s=2039, memory_gb=80, link_gb_s=600,
+            "989.4 dense BF16 TFLOP/s, 3.35 TB/s); NVLink 400 GB/s two-way as stated in "
+            "Arrow sec. 7.1, 200 GB/s each way"),
+    GpuSpec("h100", tflops=989.4, hbm_gb_s=3350, memory_gb=80, link_gb_s=450,
+            source="NVIDIA H100 SXM5 datasheet: 989.4 dense BF16 TFLOP/s, 80 GB HBM3 at "
+            "3.35 TB/s, NVLink 900 GB/s two-way, 450 GB/s each way"),
+    GpuSpec("a100", tflops=312, hbm_gb_s=2039, memory_gb=80, link_gb_s=300,
             source="NVIDIA A100 80GB SXM4 datasheet: 312 dense BF16 TFLOP/s, 2,039 GB/s, "
-            "NVLink 600 GB/s"),
-    GpuSpec("h20", tflops=148, hbm_gb_s=4000, memory_gb=96, link_gb_s=900,
+            "NVLink 600 GB/s two-way, 300 GB/s each way. The calibration profiles (Vidur) "
+            "are A100 80GB measurements; their network files are from NVLink-bridged pairs"),
+    GpuSpec("h20", tflops=148, hbm_gb_s=4000, memory_gb=96, link_gb_s=450,
             source="NVIDIA H20 product brief: 148 dense BF16 TFLOP/s, 96 GB HBM3 at 4.0 TB/s, "
-            "NVLink 900 GB/s"),
+            "NVLink 900 GB/s two-way, 450 GB/s each way"),
     GpuSpec("rtx-4090d", tflops=147.1, hbm_gb_s=1008, memory_gb=24, link_gb_s=32,
+            interconnect="pcie",
             source="Ada whitepaper: RTX 4090 165.2 dense FP16 tensor TFLOP/s with FP32 "
             "accumulate on 128 SMs; the 4090D has 114 SMs at the same boost clock "
-            "(165.2*114/128); 24 GB GDDR6X at 1,008 GB/s; no NVLink, PCIe 4.0 x16 32 GB/s"),
+            "(165.2*114/128); 24 GB GDDR6X at 1,008 GB/s; no NVLink, PCIe 4.0 x16 "
+            "32 GB/s each way"),
 ]}
+
+
+MEMORY_UTILISATION = 0.90  # vLLM's default gpu_memory_utilization
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    if tp < 1:
+        raise ValueError(f"tp must be at least 1, got {tp}")
+    if model.heads % tp or model.kv_heads % tp:
+        raise ValueError(f"tp={tp} does not divide {model.name}'s "
+                         f"{model.heads} heads / {model.kv_heads} KV heads")
+
+
+def kv_capacity_tokens(model: ModelSpec, gpu: GpuSpec, tp: int) -> int:
+    """KV tokens a TP group holds: its memory at vLLM's utilisation, less the weights."""
+    free = tp * gpu.memory_gb * 1e9 * MEMORY_UTILISATION - model.weight_bytes
+    return int(free // model.kv_bytes_per_token)
 
 
 def model_spec(name: str) -> ModelSpec:

@@ -1,0 +1,150 @@
+"""Calibration of the performance model against Vidur's measured A100 rows.
+
+Prints (1) each operator curve's error on the held-out rows, (2) whole-step error on held-out
+steps (composed as Vidur's README says: per-layer op rows x layers + embedding + CPU overhead
++ all-reduces), for the operator model and for the runtime PerfModel the simulator uses,
+(3) a leave-one-model-out check of the GEMM curves (how well an unprofiled shape is priced),
+(4) Llama-3.1-8B and Qwen2.5-14B on A100 next to measured rows, (5) tensor parallelism and the
+TaiChi Fig. 4 decode step. Refits the curves first (needs scipy), so the figures are what the
+current code fits.
+
+    python bench/calibration.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pdserve.perf import calibrate
+from pdserve.perf.calibrated import Calibrated
+from pdserve.perf.heldout import (
+    LAYER_OPS,
+    held_out_steps,
+    measured_cpu_s,
+    step_errors_pct,
+)
+from pdserve.perf.operators import GEMM_OPS, shipped_operator_model
+from pdserve.perf.presets import calibrated, roofline_perf_model
+from pdserve.perf.profiles import load_table
+from pdserve.perf.specs import gpu_spec
+
+
+def stats(errors: np.ndarray) -> str:
+    return (f"median {np.median(errors):4.1f} %, P90 {np.percentile(errors, 90):4.1f} %, "
+            f"max {errors.max():5.1f} % ({len(errors)} rows)")
+
+
+def operators() -> None:
+    refit = calibrate.fit_operator_model()
+    shipped = shipped_operator_model()
+    print("== per operator, held-out rows (every 5th row of each file, in no fit) ==")
+    for name, error in refit.held_out.items():
+        print(f"{name:26s} median {error.median_pct:4.1f} %, P90 {error.p90_pct:5.1f} % "
+              f"({error.rows} rows)")
+    same = refit.to_json() == shipped.to_json()
+    print(f"shipped a100_operators.json equals this refit: {same}")
+
+
+def steps() -> None:
+    cases = held_out_steps()
+    print("\n== per step, held-out steps (Llama-3-70B, Llama-2-70B, CodeLlama-34B at TP 2) ==")
+    for kind in ("decode", "prefill"):
+        for which, label in (("operator", "operator model"), ("runtime", "runtime PerfModel")):
+            print(f"{kind:7s} step, {label:17s}: {stats(step_errors_pct(cases, kind, which))}")
+
+
+def leave_one_model_out() -> None:
+    mlp = load_table("mlp")
+    gpu = gpu_spec("a100")
+    print("\n== GEMM curves refitted without Llama-3-8B, error on all its rows ==")
+    for op in GEMM_OPS:
+        train = mlp.where((mlp["model"] != "Meta-Llama-3-8B") & ~mlp.held_out)
+        test = mlp.where(mlp["model"] == "Meta-Llama-3-8B")
+        curve = calibrate.fit_gemm(train, op, gpu)
+        shape = calibrate.mlp_shape(test)
+        predicted = curve.time_s(test["tokens"], *shape.gemm_dims(op), gpu)
+        errors = np.abs(predicted - test[op] * 1e-3) / (test[op] * 1e-3) * 100
+        print(f"{op:15s} {stats(errors)}")
+
+
+def measured_llama3_8b(tokens: int, attention_ms: float, seqs: int) -> float:
+    """Measured A100 step of Llama-3-8B at TP 1 (32 layers): mean of its MLP rows at
+    `tokens`, plus an attention row, the embedding and the measured CPU overhead."""
+    mlp = load_table("mlp")
+    rows = mlp.where((mlp["model"] == "Meta-Llama-3-8B") & (mlp["tp"] == 1)
+                     & (mlp["tokens"] == tokens))
+    per_layer_ms = sum(float(rows[op].mean()) for op in LAYER_OPS) + attention_ms
+    return (32 * per_layer_ms + float(rows["emb"].mean())) * 1e-3 + measured_cpu_s(seqs, 1)
+
+
+def attention_ms(prefill: int, batch_or_chunk: int, kv_tokens: int) -> float:
+    table = load_table("attention_70b_tp2")
+    key = "chunk" if prefill else "batch"
+    rows = table.where((table["prefill"] == prefill) & (table[key] == batch_or_chunk)
+                       & (table["kv_tokens"] == kv_tokens))
+    return float(rows["with_reshape_ms"].mean())
+
+
+def models_on_a100() -> None:
+    print("\n== on A100, TP 1: model next to measured rows ==")
+    print("measured = Llama-3-8B MLP rows x 32 layers + attention rows + emb + CPU rows; "
+          "decode attention uses the row with the same KV bytes per layer (8 KV heads x 1024 "
+          "tokens = the profiled 4 KV heads x 2048). 'operator' prices the same composition; "
+          "'runtime' is the simulator's PerfModel (adds the LM head GEMM). (%) = error in time.")
+    llama = calibrated("llama-3.1-8b", "a100", 1)
+    same_composition = Calibrated(llama.model, llama.gpu, 1, lm_head=False)
+    runtime = llama.to_perf_model()
+    for chunk in (512, 1024, 2048, 4096):
+        measured = measured_llama3_8b(chunk, attention_ms(1, chunk, 0), 1)
+        operator = same_composition.prefill_s(chunk)
+        simulated = runtime.batch_time_s(0, 0, chunk, chunk * chunk)
+        print(f"llama-3.1-8b prefill {chunk:4d} tokens: measured {chunk / measured:7,.0f} tok/s"
+              f" | operator {chunk / operator:7,.0f} tok/s ({operator / measured - 1:+5.1%})"
+              f" | runtime {chunk / simulated:7,.0f} tok/s ({simulated / measured - 1:+5.1%})")
+    for batch in (1, 16, 64, 128):
+        measured = measured_llama3_8b(batch, attention_ms(0, batch, 2048), batch)
+        operator = same_composition.decode_step_s(batch, batch * 1024)
+        simulated = runtime.batch_time_s(batch, batch * 1024, 0, 0)
+        print(f"llama-3.1-8b decode B={batch:3d} x 1024 ctx: measured {measured * 1e3:5.1f} ms"
+              f" | operator {operator * 1e3:5.1f} ms ({operator / measured - 1:+5.1%})"
+              f" | runtime {simulated * 1e3:5.1f} ms ({simulated / measured - 1:+5.1%})")
+    qwen = calibrated("qwen2.5-14b", "a100", 1)
+    runtime = qwen.to_perf_model()
+    print("qwen2.5-14b: no measured rows for its shape (hidden 5120, 40/8 heads, FFN 13824); "
+          "priced from the shape-general curves (see the leave-one-model-out check)")
+    for chunk in (512, 1024, 2048, 4096):
+        simulated = runtime.batch_time_s(0, 0, chunk, chunk * chunk)
+        print(f"qwen2.5-14b prefill {chunk:4d} tokens: runtime {chunk / simulated:7,.0f} tok/s")
+    for batch in (1, 16, 64, 128):
+        simulated = runtime.batch_time_s(batch, batch * 1024, 0, 0)
+        print(f"qwen2.5-14b decode B={batch:3d} x 1024 ctx: runtime {simulated * 1e3:5.1f} ms")
+
+
+def tensor_parallel() -> None:
+    print("\n== tensor parallelism (per instance) ==")
+    for tp in (1, 2, 4, 8):
+        model = calibrated("llama-3.1-8b", "h800", tp)
+        print(f"llama-3.1-8b@h800 tp={tp}: decode B=256 x 1024 "
+              f"{model.decode_step_s(256, 256 * 1024) * 1e3:5.1f} ms, prefill 2048 "
+              f"{model.prefill_s(2048) * 1e3:6.1f} ms, all-reduce of 2048 tokens "
+              f"{model.all_reduce_s(2048) * 1e6:5.0f} us, KV capacity "
+              f"{model.kv_capacity_tokens:,} tokens")
+    model = calibrated("llama-3.1-70b", "a100", 4)
+    roofline = roofline_perf_model("llama-3.1-70b", "a100", 4)
+    for batch in (1, 16, 32, 64):
+        print(f"llama-3.1-70b@a100 tp=4 decode B={batch:2d} x 1024 ctx: calibrated "
+              f"{model.decode_step_s(batch, batch * 1024) * 1e3:5.1f} ms, roofline "
+              f"{roofline.decode.step_s(batch, batch * 1024) * 1e3:5.1f} ms "
+              "(TaiChi Fig. 4: about 44 ms)")
+
+
+def main() -> None:
+    operators()
+    steps()
+    leave_one_model_out()
+    models_on_a100()
+    tensor_parallel()
+
+
+if __name__ == "__main__":
+    main()

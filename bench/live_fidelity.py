@@ -1,0 +1,151 @@
+"""Live fidelity in the queueing regime: 2 `tiny` workers live vs simulated, repeated.
+
+The simulator is meant to be right where queueing decides TTFT. On this 2-core machine two
+workers (one torch thread each) is the deployment the simulator models honestly: more
+workers than cores would time-share cores, which no performance model here describes.
+
+1. `pdserve profile` the engine twice: alone, and with 1 other worker decoding
+   (`--contention 1`: the other worker of a busy 2-worker deployment).
+2. The rate: the smallest rate scale of the clip at which the simulated colocated TTFT P50
+   (on the contended profile) is at least `--queueing-factor` x the clip's median prefill
+   time, i.e. queueing, not the prefill itself, dominates TTFT (`--rate-scale` overrides).
+3. For colocated (2 mixed), static-pd 1P1D and arrow (1P1D start): `--repeats` live runs,
+   each a fresh `pdserve serve` with real HTTP streaming; the simulator runs the identical
+   workload once per profile (it is deterministic).
+4. Prints simulated vs live P50/P90 TTFT and TPOT with the error of each
+   ((sim - live) / live, against the mean of the live repeats, with their spread).
+
+    python bench/live_fidelity.py --out docs/results/fidelity   # about 15 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pdserve.bench.live_replay import serve_and_replay
+from pdserve.bench.metrics import Summary, summarize
+from pdserve.bench.traces import load_trace
+from pdserve.bench.workload import Workload
+from pdserve.config import SimConfig
+from pdserve.engine.profile import ProfileGrid, profile_engine
+from pdserve.perf.fitted import PerfModel
+from pdserve.sim.runner import Experiment
+from pdserve.types import SLO
+
+POLICIES = {"colocated": (2, 2), "static-pd": (1, 1), "arrow": (1, 1)}  # prefill, decode
+KV_BLOCKS, CHUNK, MAX_BATCH, INSTANCES = 2048, 512, 64, 2
+STATS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+RATE_CANDIDATES = (0.4, 0.8, 1.2, 1.4, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4)
+
+
+def stats_of(summary: Summary) -> dict[str, float]:
+    return {"ttft_p50_s": summary.ttft_s.p50, "ttft_p90_s": summary.ttft_s.p90,
+            "tpot_p50_s": summary.tpot_s.p50, "tpot_p90_s": summary.tpot_s.p90,
+            "slo_attainment": summary.slo_attainment, "completed": summary.completed,
+            "requests": summary.requests}
+
+
+def sim_config(policy: str, slo: SLO) -> SimConfig:
+    prefill, decode = POLICIES[policy]
+    return SimConfig(policy=policy, instances=INSTANCES, prefill=prefill, decode=decode,
+                     chunk_size_tokens=CHUNK, max_batch_size=MAX_BATCH, ttft_slo_s=slo.ttft_s,
+                     tpot_slo_s=slo.tpot_s, monitor_interval_s=0.5)
+
+
+def simulate(policy: str, slo: SLO, workload: Workload, perf: PerfModel) -> Summary:
+    result = Experiment(sim_config(policy, slo), workload, perf).simulate(1.0)
+    return summarize(result.requests, slo)
+
+
+def pick_rate(base: Workload, duration_s: float, slo: SLO, perf: PerfModel,
+              factor: float) -> float:
+    median_prompt = int(np.median(base.window(0.0, duration_s).input_tokens))
+    median_prefill_s = perf.prefill.time_s(median_prompt, median_prompt**2)
+    for scale in RATE_CANDIDATES:
+        clip = base.scaled(scale).window(0.0, duration_s)
+        summary = simulate("colocated", slo, clip, perf)
+        print(f"  rate scale {scale:.2f}: {len(clip)} requests, simulated "
+              f"TTFT P50 {summary.ttft_s.p50:.3f}s ({summary.ttft_s.p50 / median_prefill_s:.1f}x "
+              f"the median prefill)")
+        if summary.ttft_s.p50 >= factor * median_prefill_s:
+            return scale
+    return RATE_CANDIDATES[-1]
+
+
+def error_pct(simulated: float, live: float) -> float:
+    return 100.0 * (simulated - live) / live if live > 0 else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("results/fidelity"))
+    parser.add_argument("--start", type=float, default=600.0, help="trace second to start at")
+    parser.add_argument("--duration", type=float, default=60.0, help="replay seconds")
+    parser.add_argument("--rate-scale", type=float, default=0.0, help="0: pick (step 2)")
+    parser.add_argument("--queueing-factor", type=float, default=2.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-input-tokens", type=int, default=512)
+    parser.add_argument("--max-output-tokens", type=int, default=64)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    profiles = {"alone": args.out / "tiny-profile.json",
+                "contended": args.out / "tiny-profile-contention1.json"}
+    profile_engine("tiny", KV_BLOCKS, ProfileGrid()).save(profiles["alone"])
+    profile_engine("tiny", KV_BLOCKS, ProfileGrid(), contention=1).save(profiles["contended"])
+    perfs = {name: PerfModel.load(path) for name, path in profiles.items()}
+    print(f"profiled in {time.perf_counter() - started:.0f}s")
+
+    base = (load_trace("azure-conv").window(args.start)
+            .clipped(args.max_input_tokens, args.max_output_tokens))
+    clip = base.window(0.0, args.duration)
+    perf = perfs["contended"]
+    p90_prompt = int(np.percentile(clip.input_tokens, 90))
+    median_context = int(np.median(clip.input_tokens)) + args.max_output_tokens // 2
+    slo = SLO(4 * perf.prefill.time_s(p90_prompt, p90_prompt**2),
+              4 * perf.decode.step_s(8, 8 * median_context))
+    rate = args.rate_scale or pick_rate(base, args.duration, slo, perf, args.queueing_factor)
+    workload = base.scaled(rate).window(0.0, args.duration)
+    print(f"rate scale {rate}: {len(workload)} requests over {workload.span_s:.0f}s; SLOs "
+          f"TTFT {slo.ttft_s:.3f}s, TPOT {slo.tpot_s:.4f}s")
+
+    report: dict[str, object] = {"rate_scale": rate, "requests": len(workload),
+                                 "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+                                 "policies": {}}
+    header = f"{'policy':<11}{'stat':<12}{'live mean':>10}{'live min..max':>17}"
+    header += "".join(f"{'sim ' + name:>15}{'err':>8}" for name in perfs)
+    lines = [header]
+    for policy, (prefill, decode) in POLICIES.items():
+        flags = ["--policy", policy]
+        if policy != "colocated":
+            flags += ["--prefill", str(prefill), "--decode", str(decode)]
+        live_runs = []
+        for repeat in range(args.repeats):
+            requests = serve_and_replay("tiny", INSTANCES, flags, profiles["contended"], slo,
+                                        workload, args.duration + 180, KV_BLOCKS, CHUNK,
+                                        MAX_BATCH)
+            live_runs.append(stats_of(summarize(requests, slo)))
+            print(f"{policy} live run {repeat + 1}: {live_runs[-1]}")
+        sims = {name: stats_of(simulate(policy, slo, workload, model))
+                for name, model in perfs.items()}
+        report["policies"][policy] = {"live": live_runs, "sim": sims}  # type: ignore[index]
+        for stat in STATS:
+            values = [run[stat] for run in live_runs]
+            mean = float(np.mean(values))
+            line = (f"{policy:<11}{stat:<12}{mean:>10.4f}"
+                    f"{f'{min(values):.4f}..{max(values):.4f}':>17}")
+            for name in perfs:
+                line += f"{sims[name][stat]:>15.4f}{error_pct(sims[name][stat], mean):>7.0f}%"
+            lines.append(line)
+    print("\n".join(lines))
+    (args.out / "live_fidelity.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"total {time.perf_counter() - started:.0f}s; wrote {args.out}/")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Start `pdserve serve` as a subprocess, replay a workload against it over HTTP, stop it.
+
+The benchmarks that compare the live cluster with the simulator (`bench/live_policies.py`,
+`bench/live_fidelity.py`) share this, so both start servers and replay the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pdserve.bench.client import free_port, replay, wait_until_healthy
+from pdserve.bench.workload import Workload
+from pdserve.types import SLO, Request
+
+
+def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], perf_file: Path,
+                     slo: SLO, workload: Workload, timeout_s: float, kv_blocks: int,
+                     chunk_size_tokens: int, max_batch_size: int) -> list[Request]:
+    """One live run: a fresh server with `instances` workers and the given policy flags
+    (e.g. `["--policy", "static-pd", "--prefill", "1", "--decode", "1"]`)."""
+    port = free_port()
+    command = [sys.executable, "-m", "pdserve.cli", "serve", "--model", model,
+               "--instances", str(instances), *policy_args, "--port", str(port),
+               "--perf-model", str(perf_file), "--kv-blocks", str(kv_blocks),
+               "--chunk-size", str(chunk_size_tokens), "--max-batch-size", str(max_batch_size),
+               "--ttft-slo", str(slo.ttft_s), "--tpot-slo", str(slo.tpot_s)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(base, 180, lambda: server.poll() is None)
+        return asyncio.run(replay(base, workload, model, timeout_s))
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)

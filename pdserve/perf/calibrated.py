@@ -1,0 +1,136 @@
+"""Calibrated performance model: a model x a GPU x a TP degree priced by the operator curves.
+
+One forward pass (a batch of prefill chunks and decodes) on a TP group of `tp` GPUs takes
+  CPU(seqs, tp)                          vLLM's per-iteration CPU work (schedule, prepare,
+                                         sample, process outputs, worker communication)
+  + emb(tokens) + LM head(sampled)       once per pass; the LM head is a GEMM of vocab/tp
+  + layers * ( linear ops(tokens)        QKV, O, gated up, down, norms, RoPE, act, add
+               + prefill attention(n, p) per chunk
+               + decode attention(B, sum of contexts)
+               + 2 all-reduces of tokens x hidden x 2 bytes when tp > 1 )
+with every op on one GPU's shard (heads, KV heads, FFN width and vocabulary split `tp` ways).
+Attention curves were measured for one head layout (32 query heads, 4 KV heads per GPU) and
+are scaled per head: prefill attention by query heads per GPU, KV reads by KV heads per GPU.
+KV capacity is the TP group's memory at vLLM's 90 % utilisation after the weights. A KV
+transfer between two TP groups runs `tp` shard-to-shard sends in parallel, one per GPU pair,
+each over a one-way link at the fitted send/recv efficiency with its fitted per-call cost.
+
+The simulator uses the runtime `PerfModel` fitted over a grid of these step times
+(`to_perf_model`), as the roofline model does; `bench/calibration.py` reports how close both
+stay to the measured rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.operators import (
+    LayerShape,
+    OperatorModel,
+    layer_linear_s,
+    shipped_operator_model,
+)
+from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, gpu_spec, kv_capacity_tokens
+
+PREFILL_TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+PREFILL_PRIOR = (0, 1024, 4096, 16384)
+DECODE_BATCH = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+DECODE_CONTEXT_PER_SEQ = (128, 512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int = 1
+    ops: OperatorModel = field(default_factory=shipped_operator_model)
+    lm_head: bool = True  # False: the profile's own step composition (no logits GEMM)
+
+    def __post_init__(self) -> None:
+        check_tp(self.model, self.tp)
+
+    @property
+    def shape(self) -> LayerShape:
+        m = self.model
+        return LayerShape(hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads,
+                          head_dim=m.head_dim, ffn=m.ffn, tp=self.tp)
+
+    @property
+    def reference(self) -> GpuSpec:
+        return gpu_spec(self.ops.reference_gpu)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return kv_capacity_tokens(self.model, self.gpu, self.tp)
+
+    # ---- parts of a pass ----
+    def all_reduce_s(self, tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        curve = self.ops.all_reduce[self.gpu.interconnect]
+        return float(curve.all_reduce_s(tokens * self.model.hidden * self.model.dtype_bytes,
+                                        self.tp, self.gpu.link_gb_s))
+
+    def layer_s(self, tokens: int, chunks: list[tuple[int, int]], decodes: int,
+                context_tokens: int) -> float:
+        """One decoder layer for a batch: linear ops on all tokens, attention per kind."""
+        shape, gpu, ops = self.shape, self.gpu, self.ops
+        total = float(layer_linear_s(ops, tokens, shape, gpu)) + 2 * self.all_reduce_s(tokens)
+        for new, prior in chunks:
+            total += float(ops.prefill_attention.time_s(new, prior, shape.q_head_scale,
+                                                        shape.kv_bytes_per_token, gpu,
+                                                        self.reference))
+        if decodes:
+            total += float(ops.decode_attention.time_s(decodes, context_tokens,
+                                                       shape.kv_bytes_per_token, gpu))
+        return total
+
+    def pass_s(self, chunks: list[tuple[int, int]], decodes: int = 0,
+               context_tokens: int = 0) -> float:
+        """One forward pass: prefill `chunks` (new, prior tokens) and `decodes` sequences
+        holding `context_tokens` in all."""
+        tokens = sum(new for new, _ in chunks) + decodes
+        seqs = len(chunks) + decodes
+        ops, shape, gpu = self.ops, self.shape, self.gpu
+        lm_head = (ops.gemm["mlp_up_proj"].time_s(seqs, self.model.hidden,
+                                                  self.model.vocab / self.tp, gpu)
+                   if self.lm_head else 0.0)
+        once = (float(ops.cpu.time_s(seqs, self.tp)) + float(lm_head)
+                + float(ops.stream["emb"].time_s(tokens, shape.stream_width("emb"), gpu)))
+        return once + self.model.layers * self.layer_s(tokens, chunks, decodes, context_tokens)
+
+    def prefill_s(self, new_tokens: int, prior_tokens: int = 0) -> float:
+        return self.pass_s([(new_tokens, prior_tokens)])
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        return self.pass_s([], batch_size, context_tokens)
+
+    def transfer_s(self, num_bytes: int, calls: int = 1) -> float:
+        """KV of `num_bytes` in `calls` calls, split over the `tp` GPU pairs of the groups."""
+        curve = self.ops.send_recv["nvlink"]
+        if self.gpu.interconnect != "nvlink":  # no PCIe send/recv rows: PCIe's efficiency
+            curve = replace(curve, efficiency=self.ops.all_reduce["pcie"].efficiency)
+        per_call = num_bytes / calls / self.tp  # each GPU pair sends its shard of a call
+        return calls * float(curve.send_s(per_call, self.gpu.link_gb_s))
+
+    def to_perf_model(self, max_batch_size: int = 256) -> PerfModel:
+        """Fit the simulator's runtime model to these step times over the range serving uses."""
+        prefill = [(n, p, self.prefill_s(n, p)) for n in PREFILL_TOKENS for p in PREFILL_PRIOR]
+        capacity = self.kv_capacity_tokens
+        decode = [(b, min(b * per_seq, capacity), self.decode_step_s(b, min(b * per_seq,
+                                                                           capacity)))
+                  for b in DECODE_BATCH if b <= max_batch_size
+                  for per_seq in DECODE_CONTEXT_PER_SEQ]
+        sizes = [n * self.kv_bytes_per_token for n in (16, 256, 4096, 32768)]
+        transfer = [(size, c, self.transfer_s(size, c)) for size in sizes for c in (1, 8, 64)]
+        return PerfModel(
+            name=f"{self.model.name}@{self.gpu.name}x{self.tp} (calibrated on A100 profiles)",
+            prefill=fit_prefill(prefill, knee=True), decode=fit_decode(decode, knee=True),
+            transfer=fit_transfer(transfer), kv_bytes_per_token=self.kv_bytes_per_token,
+            kv_capacity_tokens=capacity)
