@@ -127,3 +127,12 @@ def test_config_topology_defaults_and_tp():
         SimConfig(inter_node_link="carrier-pigeon")
     with pytest.raises(ValueError, match="instances_per_node"):
         SimConfig(instances_per_node=-1)
+
+
+def test_policies_can_price_a_transfer_from_the_view():
+    perf = make_perf()
+    policy, count = build_policy("static-pd", PolicySetup(perf, SLO_, prefill=1, decode=1))
+    topology = Topology.build([gpu_link(perf)] * 2, 1, Link("net", 1e9, 0.0))
+    view = Simulator(policy, count, perf, topology=topology).view
+    assert view.topology is topology
+    assert view.topology.transfer_time_s(0, 1, 2e9) == pytest.approx(2.0)

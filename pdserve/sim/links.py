@@ -12,6 +12,11 @@ port and speeds up when one leaves.
 Each active transfer keeps its rate and its projected finish time; bytes left are worked
 out only when its rate changes, so a transfer whose rate never changes finishes exactly at
 its uncontended time. Several transfers ending at the same instant end in start order.
+
+Speed: a transfer that no other one shares a port with joins silently (`next_event_s`
+reports only its end), so the common uncontended hand-off costs the driver one event, as a
+fixed-time transfer did; only transfers that meet on a port recompute their component's
+rates.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class LinkSimulator:
         self._seq = 0
         self._now_s = 0.0  # the latest time settled to
         self._next_end_s = math.inf  # the earliest finish among the active transfers
+        self._routes: dict[tuple[int, int], tuple[tuple[int, int], float]] = {}
 
     @property
     def in_flight(self) -> int:
@@ -65,19 +71,27 @@ class LinkSimulator:
               calls: int = 1) -> None:
         """Start moving `num_bytes` from `source` to `target` at `now_s` (no earlier than
         any time this simulator has been advanced to)."""
-        self._settle(now_s)
-        topology = self.topology
-        kind = topology.link_class(source, target)
-        link = topology.link_between(source, target)
+        if self._joining or self._active:
+            self._settle(now_s)
+        route = self._routes.get((source, target))
+        if route is None:
+            route = self._routes[source, target] = self._route(source, target)
+        ports, per_call_s = route
         self._seq += 1
-        ports = (_port(source, kind, _OUT), _port(target, kind, _IN))
         transfer = _Transfer(key, self._seq, ports, float(num_bytes))
-        for port in ports:
-            self._users[port] += 1
-        join_s = now_s + calls * link.per_call_s
+        users = self._users
+        users[ports[0]] += 1
+        users[ports[1]] += 1
+        join_s = now_s + calls * per_call_s
         heapq.heappush(self._joining, (join_s, self._seq, transfer))
         if join_s <= now_s:
             self._settle(now_s)  # no per-call cost: it joins now
+
+    def _route(self, source: int, target: int) -> tuple[tuple[int, int], float]:
+        """The ports a transfer from `source` to `target` uses, and its per-call cost."""
+        kind = self.topology.link_class(source, target)
+        return ((_port(source, kind, _OUT), _port(target, kind, _IN)),
+                self.topology.link_between(source, target).per_call_s)
 
     def next_event_s(self) -> float:
         """When the links next change in a way that matters: a transfer ends, or one joins
@@ -110,35 +124,46 @@ class LinkSimulator:
         if now_s > self._now_s:
             self._now_s = now_s
         joining, active, on_port, users = self._joining, self._active, self._on_port, self._users
+        capacity = self._capacity
         while True:
             join_s = joining[0][0] if joining else math.inf
             end_s = self._next_end_s
             time_s = join_s if join_s < end_s else end_s
             if time_s > now_s:
                 return
-            changed: list[int] = []
+            changed: list[int] = []  # ports whose other transfers' rates may change
             if end_s == time_s:
                 for transfer in [t for t in active.values() if t.finish_s <= time_s]:
                     del active[transfer.seq]
                     for port in transfer.ports:
-                        on_port[port].remove(transfer)
+                        here = on_port[port]
+                        here.remove(transfer)
                         users[port] -= 1
-                        changed.append(port)
+                        if here:
+                            changed.append(port)
                     self._ended.append(transfer.key)
             while joining and joining[0][0] <= time_s:
                 transfer = heapq.heappop(joining)[2]
+                out, into = transfer.ports
                 if transfer.num_bytes <= 0:
-                    for port in transfer.ports:
-                        users[port] -= 1
+                    users[out] -= 1
+                    users[into] -= 1
                     self._ended.append(transfer.key)
                     continue
                 active[transfer.seq] = transfer
-                for port in transfer.ports:
-                    on_port[port].append(transfer)
-                    changed.append(port)
+                on_port[out].append(transfer)
+                on_port[into].append(transfer)
+                if len(on_port[out]) == 1 and len(on_port[into]) == 1:  # alone on both
+                    self._set_rate(transfer, min(capacity[out], capacity[into]), time_s)
+                else:
+                    changed += transfer.ports
             if changed:
                 self._share(time_s, changed)
-            self._next_end_s = min((t.finish_s for t in active.values()), default=math.inf)
+            if len(active) == 1:
+                self._next_end_s = next(iter(active.values())).finish_s
+            else:
+                self._next_end_s = min((t.finish_s for t in active.values()),
+                                       default=math.inf)
 
     def _share(self, now_s: float, changed: list[int]) -> None:
         """Recompute the max-min fair rates of the transfers connected to `changed` ports."""

@@ -136,7 +136,7 @@ class Simulator:
                              f"the cluster has {num_instances}")
         self.links = LinkSimulator(self.topology)
         self.scheduler = GlobalScheduler(policy, num_instances)
-        self.view = ClusterView(0.0, [])
+        self.view = ClusterView(0.0, [], self.topology)
         self.instances = [
             SimInstance(LocalScheduler(i, model.kv_capacity_tokens // KV_BLOCK_TOKENS,
                                        self.settings.chunk_size_tokens,
