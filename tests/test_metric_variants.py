@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -15,7 +16,7 @@ from pdserve.bench.metrics import (
     ttft_s,
     ttft_with_decode_queue_s,
 )
-from pdserve.bench.report import format_summary, write_summary_json
+from pdserve.bench.report import format_summary, write_requests_csv, write_summary_json
 from pdserve.types import SLO, Request
 
 
@@ -111,3 +112,7 @@ def test_report_names_each_variant_and_json_defines_them(tmp_path: Path):
     assert document["summary"]["goodput_rps"] == pytest.approx(2 / 2.1)  # a misses TPOT
     assert set(document["metric_definitions"]) <= set(document["summary"])
     assert "ARES" in document["metric_definitions"]["goodput_rps"]
+    write_requests_csv(tmp_path / "requests.csv", [handed_off()], slo)
+    row = list(csv.DictReader((tmp_path / "requests.csv").open()))[0]
+    assert (row["ttft_with_decode_queue_s"], row["tpot_from_decode_s"], row["max_itl_s"]) == \
+        ("0.800000", "0.200000", "0.300000")

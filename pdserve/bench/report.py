@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.bench.goodput import GoodputResult
-from pdserve.bench.metrics import Summary, e2e_s, tpot_s, ttft_s
+from pdserve.bench.metrics import (
+    Summary,
+    e2e_s,
+    tpot_from_decode_s,
+    tpot_s,
+    ttft_s,
+    ttft_with_decode_queue_s,
+)
 from pdserve.types import SLO, Request
 
 METRIC_DEFINITIONS: dict[str, str] = {
@@ -108,7 +115,8 @@ def write_requests_csv(path: Path, requests: Sequence[Request], slo: SLO) -> Non
         writer.writerow(["request_id", "arrival_s", "input_tokens", "output_tokens",
                          "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "slo_met",
                          "prefill_instance", "decode_instance", "transfer_s", "preemptions",
-                         "rejected_reason"])
+                         "rejected_reason", "ttft_with_decode_queue_s", "tpot_from_decode_s",
+                         "max_itl_s"])
         for r in requests:
             done = r.finished
             writer.writerow([
@@ -118,4 +126,7 @@ def write_requests_csv(path: Path, requests: Sequence[Request], slo: SLO) -> Non
                 f"{e2e_s(r):.6f}" if done else "",
                 int(done and ttft_s(r) <= slo.ttft_s and tpot_s(r) <= slo.tpot_s),
                 r.prefill_instance, r.decode_instance, f"{r.transfer_s:.6f}", r.preemptions,
-                r.rejected_reason])
+                r.rejected_reason,
+                f"{ttft_with_decode_queue_s(r):.6f}" if done else "",
+                f"{tpot_from_decode_s(r):.6f}" if done else "",
+                f"{r.max_itl_s:.6f}" if done else ""])
