@@ -6,7 +6,10 @@
 2. KV transfer between two processes through the shared-memory pool: a 1024-block
    sequence (64 MiB for tiny) copied as one aligned run, and block by block. Target:
    >= 5 GB/s.
-3. Copy operations per transfer after realistic allocator churn (sequences growing and
+3. Sampler cost per step at batch 32 (random logits, 512-token contexts) for tiny's vocabulary
+   and a 152K one (Qwen2's), from plain greedy (one argmax) to every filter, penalty, bias
+   and logprobs at once.
+4. Copy operations per transfer after realistic allocator churn (sequences growing and
    finishing on both instances): with FlowKV alignment, one copy per block (paged layout
    with all layers in a block), and one per block per layer per K/V (the layout FlowKV
    replaces).
@@ -28,7 +31,7 @@ from pdserve.engine.allocator import SegmentAllocator, align
 from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling import SamplingParams, sample_batch, token_logprobs
 from pdserve.engine.transfer import attach_pool, copy_aligned, copy_per_block
 
 PROMPT, NEW = 32, 64
@@ -131,6 +134,43 @@ def transfer_table() -> None:
         child.join(60)
 
 
+SAMPLER_SETUPS = {
+    "greedy": SamplingParams(),
+    "temperature 0.8": SamplingParams(temperature=0.8),
+    "+ top-k 50, top-p 0.9": SamplingParams(temperature=0.8, top_k=50, top_p=0.9),
+    "+ penalties, bias, min-p, logprobs 5": SamplingParams(
+        temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, presence_penalty=0.5,
+        frequency_penalty=0.5, repetition_penalty=1.1, logit_bias=((7, 2.0), (9, -5.0)),
+        logprobs=5),
+}
+
+
+class BenchRow:
+    def __init__(self, request_id: int, params: SamplingParams, vocab: int) -> None:
+        rng = random.Random(request_id)
+        self.request_id, self.params, self.prompt_tokens = request_id, params, 256
+        self.token_ids = [rng.randrange(vocab) for _ in range(512)]
+
+
+def sampler_table(batch: int = 32) -> None:
+    print(f"\nsampler per step, batch {batch}, 512-token contexts (256 prompt + 256 output)")
+    print(f"{'setup':<38}{'vocab 2048 us':>15}{'vocab 151936 us':>17}")
+    for label, params in SAMPLER_SETUPS.items():
+        cells = []
+        for vocab in (2048, 151936):
+            logits = torch.randn(batch, vocab)
+            rows = [BenchRow(i, params, vocab) for i in range(batch)]
+            times = []
+            for _ in range(7):
+                start = time.perf_counter()
+                tokens = sample_batch(logits, rows, eos_token_ids=(2,))
+                if params.logprobs is not None:
+                    token_logprobs(logits, tokens, [params.logprobs] * batch)
+                times.append(time.perf_counter() - start)
+            cells.append(statistics.median(times[1:]) * 1e6)
+        print(f"{label:<38}{cells[0]:>15.0f}{cells[1]:>17.0f}")
+
+
 def prefill_scenario(rng: random.Random) -> list[tuple[list[int], list[int]]]:
     """P->D hand-offs: prompts allocated whole on a churned sender and receiver."""
     sender, receiver = SegmentAllocator(4096), SegmentAllocator(4096)
@@ -189,6 +229,7 @@ def main() -> None:
     torch.set_num_threads(1)
     decode_table()
     transfer_table()
+    sampler_table()
     copies_table()
 
 

@@ -8,8 +8,15 @@ The local scheduler decides admission and preemption with block counts over the 
 number of blocks; the engine owns the real block ids.
 
 Stops: an EOS token (unless `ignore_eos`), a stop string in the generated text (the text is
-cut before it), or `max_tokens`. Each sampled token also returns the final hidden state at
-that position (the input of an output-length predictor).
+cut before it), or `max_tokens`; before `min_tokens` output tokens neither EOS nor a stop
+string ends a sequence. Each sampled token also returns the final hidden state at that
+position (the input of an output-length predictor) and, when asked, its logprobs
+(`sampling.TokenLogprob`, from the raw logits); a sequence asking for prompt logprobs gets
+them computed during its first prefill.
+
+Sampling is a pure function of (seed or request id, output index, logits) (`sampling.py`),
+so a sequence resumed from tokens already generated (`add(..., resume_ids)`) or adopted
+from another instance continues exactly as it would have in place.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch
-from pdserve.engine.sampling import SamplingParams, sample
+from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff, copy_aligned
@@ -35,11 +42,12 @@ class Sequence:
     token_ids: list[int]
     prompt_tokens: int
     params: SamplingParams
-    generator: torch.Generator | None
     computed_tokens: int = 0  # tokens whose KV is in the pool
     blocks: list[int] = field(default_factory=list)
     finish_reason: str = ""  # "stop" (EOS or stop string) or "length"
     stream: TextStream | None = None  # stop-string detection (when there are stop strings)
+    # if asked: one per prompt token (None for the first, which has no context)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
 
     @property
     def generated(self) -> list[int]:
@@ -53,6 +61,7 @@ class TokenOutput:
     logits: torch.Tensor  # at the position that produced token_id
     hidden: torch.Tensor  # final hidden state there (after the last norm)
     finish_reason: str  # "" while running
+    logprob: TokenLogprob | None = None  # when the sequence asks for logprobs
 
 
 class Engine:
@@ -67,7 +76,10 @@ class Engine:
         self.sequences: dict[int, Sequence] = {}
 
     # ---- sequences ----
-    def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
+    def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams,
+            resume_ids: tuple[int, ...] = ()) -> None:
+        """A new sequence; `resume_ids` are output tokens already generated (by a run that
+        failed): they follow the prompt as generated tokens and are prefilled with it."""
         if request_id in self.sequences:
             raise ValueError(f"request {request_id} is already on this engine")
         if not prompt_ids:
@@ -76,17 +88,16 @@ class Engine:
         if len(prompt_ids) + params.max_tokens > limit:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) plus max_tokens "
                              f"({params.max_tokens}) exceeds the context length {limit}")
-        generator = None
-        if params.temperature > 0:
-            generator = torch.Generator()
-            generator.manual_seed(params.seed if params.seed is not None else request_id)
         stream = None
         if params.stop:
             if self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer; this model has none")
-            stream = TextStream(self.tokenizer, params.stop)
-        self.sequences[request_id] = Sequence(request_id, list(prompt_ids), len(prompt_ids),
-                                              params, generator, stream=stream)
+            stream = TextStream(self.tokenizer, params.stop, params.min_tokens)
+            for token in resume_ids:
+                stream.push(token)
+        self.sequences[request_id] = Sequence(
+            request_id, list(prompt_ids) + list(resume_ids), len(prompt_ids), params,
+            stream=stream, prompt_logprobs=[] if params.prompt_logprobs is None else [None])
 
     def release(self, request_id: int) -> Sequence:
         """Forget a sequence and free its blocks (finished, cancelled or moved away)."""
@@ -147,24 +158,71 @@ class Engine:
             batch.num_decodes = len(decodes)
             batch.decode_tables = padded
             batch.decode_context = torch.tensor(contexts[:len(decodes)])
+        prompt_rows = self._prompt_logprob_rows(work)
+        if prompt_rows:
+            batch.extra_rows = torch.tensor([row for _, row, _ in prompt_rows])
         logits, hidden = self.model(batch, self.pool)
-        outputs = []
+        if prompt_rows:
+            self._record_prompt_logprobs(prompt_rows, logits[len(work):])
+        done = []
         for index, (sequence, count) in enumerate(work):
             sequence.computed_tokens += count
-            if sequence.computed_tokens < len(sequence.token_ids):
-                continue  # a chunk in the middle of a prefill samples nothing
-            token = sample(logits[index], sequence.params, sequence.generator)
+            if sequence.computed_tokens == len(sequence.token_ids):
+                done.append(index)  # a chunk in the middle of a prefill samples nothing
+        if not done:
+            return []
+        sequences = [work[index][0] for index in done]
+        rows = logits[done] if len(done) < len(logits) else logits
+        tokens = sample_batch(rows, sequences, self._eos_token_ids())
+        asking = [i for i, sequence in enumerate(sequences)
+                  if sequence.params.logprobs is not None]
+        logprobs: list[TokenLogprob | None] = [None] * len(sequences)
+        if asking:
+            computed = token_logprobs(rows[asking], [tokens[i] for i in asking],
+                                      [sequences[i].params.logprobs or 0 for i in asking])
+            for i, logprob in zip(asking, computed, strict=True):
+                logprobs[i] = logprob
+        outputs = []
+        for i, (index, sequence, token) in enumerate(zip(done, sequences, tokens, strict=True)):
             sequence.token_ids.append(token)
             sequence.finish_reason = self._stop_reason(sequence, token)
             outputs.append(TokenOutput(sequence.request_id, token, logits[index],
-                                       hidden[index], sequence.finish_reason))
+                                       hidden[index], sequence.finish_reason, logprobs[i]))
         return outputs
+
+    @staticmethod
+    def _prompt_logprob_rows(work: list[tuple[Sequence, int]]
+                             ) -> list[tuple[Sequence, int, int]]:
+        """(sequence, packed row, prompt token it predicts) for each position whose prompt
+        logprobs are wanted and not yet known."""
+        wanted, offset = [], 0
+        for sequence, count in work:
+            start, known = sequence.computed_tokens, len(sequence.prompt_logprobs)
+            if sequence.params.prompt_logprobs is not None and known < sequence.prompt_tokens:
+                first = max(start, known - 1)
+                for position in range(first, min(start + count, sequence.prompt_tokens - 1)):
+                    wanted.append((sequence, offset + position - start, position + 1))
+            offset += count
+        return wanted
+
+    @staticmethod
+    def _record_prompt_logprobs(wanted: list[tuple[Sequence, int, int]],
+                                logits: torch.Tensor) -> None:
+        computed = token_logprobs(
+            logits, [sequence.token_ids[target] for sequence, _, target in wanted],
+            [sequence.params.prompt_logprobs or 0 for sequence, _, _ in wanted])
+        for (sequence, _, target), logprob in zip(wanted, computed, strict=True):
+            if len(sequence.prompt_logprobs) == target:
+                sequence.prompt_logprobs.append(logprob)
+
+    def _eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.model.config.eos_token_ids or (
+            self.tokenizer.eos_token_ids if self.tokenizer else ()))
 
     def _stop_reason(self, sequence: Sequence, token: int) -> str:
         params = sequence.params
-        eos = self.model.config.eos_token_ids or (
-            self.tokenizer.eos_token_ids if self.tokenizer else ())
-        if token in eos and not params.ignore_eos:
+        early = len(sequence.generated) < params.min_tokens  # EOS is masked there anyway
+        if token in self._eos_token_ids() and not params.ignore_eos and not early:
             return "stop"
         if sequence.stream is not None:
             sequence.stream.push(token)
@@ -184,28 +242,20 @@ class Engine:
     # ---- hand-off between instances ----
     def export(self, request_id: int) -> KVHandoff:
         sequence = self.sequences[request_id]
-        rng = sequence.generator
         return KVHandoff(request_id, tuple(sequence.token_ids), sequence.prompt_tokens,
                          sequence.computed_tokens, sequence.params,
                          tuple(sequence.blocks[:blocks_for(sequence.computed_tokens)]),
-                         self.pool.shared_name,
-                         None if rng is None else rng.get_state().numpy().tobytes())
+                         self.pool.shared_name)
 
     def adopt(self, handoff: KVHandoff) -> list[int]:
         """Create the sequence of a hand-off with blocks for its KV (not yet filled);
         returns those blocks, in order, for the copy."""
-        self.add(handoff.request_id, list(handoff.token_ids[:handoff.prompt_tokens]),
-                 handoff.params)
+        prompt = handoff.token_ids[:handoff.prompt_tokens]
+        self.add(handoff.request_id, list(prompt), handoff.params,
+                 handoff.token_ids[handoff.prompt_tokens:])
         sequence = self.sequences[handoff.request_id]
-        sequence.token_ids = list(handoff.token_ids)
-        if sequence.stream is not None:
-            for token in sequence.generated:
-                sequence.stream.push(token)
         self._grow(sequence, handoff.computed_tokens)
         sequence.computed_tokens = handoff.computed_tokens
-        if sequence.generator is not None and handoff.rng_state is not None:
-            state = torch.frombuffer(bytearray(handoff.rng_state), dtype=torch.uint8)
-            sequence.generator.set_state(state)  # continue the sender's random stream
         return sequence.blocks
 
     def import_from(self, handoff: KVHandoff, source: PagedKVPool) -> int:

@@ -8,7 +8,8 @@ loads as is.
 One forward runs a packed batch: the new tokens of every sequence (prefill chunks after any
 prior context, and single decode tokens) go through the linear layers together; attention
 runs per sequence over its blocks in the pool. It returns the last position's logits and
-final hidden state (after the last norm) of every sequence.
+final hidden state (after the last norm) of every sequence, then those of any extra rows
+asked for (prompt logprobs).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class ForwardBatch:
     num_decodes: int = 0
     decode_tables: torch.Tensor | None = None  # [decodes, max blocks], zero-padded
     decode_context: torch.Tensor | None = None  # [decodes]
+    extra_rows: torch.Tensor | None = None  # packed rows whose logits are also wanted
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -189,13 +191,15 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: PagedKVPool) -> tuple[torch.Tensor,
                                                                         torch.Tensor]:
-        """(logits [sequences, vocab], hidden [sequences, hidden]) at each last position."""
+        """(logits, hidden) at each sequence's last position, then at `extra_rows`."""
         freqs = batch.positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
         angles = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
         cos, sin = angles.cos(), angles.sin()
         x = self.model.embed_tokens(batch.token_ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, batch, pool)
-        last = torch.tensor(batch.new_tokens).cumsum(0) - 1
-        hidden = self.model.norm(x[last])
+        rows = torch.tensor(batch.new_tokens).cumsum(0) - 1
+        if batch.extra_rows is not None:
+            rows = torch.cat((rows, batch.extra_rows))
+        hidden = self.model.norm(x[rows])
         return self.lm_head(hidden), hidden

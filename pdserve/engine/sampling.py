@@ -1,38 +1,258 @@
-"""Sampling: greedy, temperature and top-p (nucleus), seeded per request."""
+"""Sampling parameters and the batched sampler of the engine.
+
+One call samples the next token of every sequence in a batch from its logits row:
+logit bias, OpenAI presence/frequency penalties (over the output so far), the HF/vLLM
+repetition penalty (over prompt and output) and min_tokens' EOS suppression change the
+logits (`logits_processing.py`); then greedy rows take the argmax and the others are
+sampled with temperature, top-k, top-p and min-p. A batch of plain greedy rows is one
+argmax.
+
+Seeded draws are a pure function of (seed, or the request id without one; the index of the
+output token; the logits): the draw's uniform number comes from a hash of the first two and
+picks the token by inverse CDF. A re-run that resumes from tokens already generated
+therefore draws exactly what an uninterrupted run would, and a sequence moved to another
+instance needs no generator state.
+
+A row whose distribution is unusable (NaN or infinite logits, no probability mass left
+after filtering) falls back to greedy for that row and is logged; it never raises.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import math
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+from pdserve.engine.logits_processing import process_logits
+
+logger = logging.getLogger(__name__)
+
+GREEDY_BELOW = 1e-5  # a temperature under this is greedy
+MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs limit)
+LOGPROB_FLOOR = -9999.0  # reported for log(0) and NaN
+_SEED_MIN, _SEED_END = -(2 ** 63), 2 ** 64  # what torch and numpy accept as seeds
+_PENALTY_LIMIT = 2.0  # OpenAI's range for presence and frequency penalties
+_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the raw model logits and the top alternatives
+    (sorted by log-probability, descending)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # 0 (or under GREEDY_BELOW): greedy
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # EOS and stop strings are ignored before this many output tokens
+    logprobs: int | None = None  # None: none; k: the sampled token's plus the top k
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's plus the top k
 
     def __post_init__(self) -> None:
+        def refuse(name: str, rule: str) -> None:
+            raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+        for name in ("max_tokens", "top_k", "min_tokens", "seed", "logprobs",
+                     "prompt_logprobs"):
+            value = getattr(self, name)
+            optional = name in ("seed", "logprobs", "prompt_logprobs")
+            if type(value) is not int and not (optional and value is None):
+                refuse(name, "an integer")
+        if any(type(token_id) is not int for token_id, _ in self.logit_bias):
+            refuse("logit_bias", "keyed by integer token ids")
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must not be negative, got {self.temperature}")
+            refuse("max_tokens", "at least 1")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            refuse("temperature", "a finite number >= 0")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            refuse("top_p", "in (0, 1]")
+        if self.seed is not None and not _SEED_MIN <= self.seed < _SEED_END:
+            refuse("seed", f"in [{_SEED_MIN}, {_SEED_END})")
+        if self.top_k < 0:
+            refuse("top_k", "0 (off) or positive")
+        if not 0 <= self.min_p <= 1:
+            refuse("min_p", "in [0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -_PENALTY_LIMIT <= getattr(self, name) <= _PENALTY_LIMIT:
+                refuse(name, f"in [-{_PENALTY_LIMIT:g}, {_PENALTY_LIMIT:g}]")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            refuse("repetition_penalty", "a finite number > 0")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0 or not -_BIAS_LIMIT <= bias <= _BIAS_LIMIT:
+                refuse("logit_bias", f"token ids >= 0 with biases in [-{_BIAS_LIMIT:g}, "
+                       f"{_BIAS_LIMIT:g}]")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            refuse("min_tokens", f"in [0, max_tokens={self.max_tokens}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                refuse(name, f"None or in [0, {MAX_LOGPROBS}]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
 
 
-def sample(logits: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator | None) -> int:
-    if params.temperature == 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
-    if params.top_p < 1:
-        ordered, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(ordered, dim=-1) - ordered  # mass of strictly better tokens
-        ordered[before >= params.top_p] = 0  # the top token always stays
-        probs = torch.zeros_like(probs).scatter_(-1, order, ordered)
-    return int(torch.multinomial(probs, 1, generator=generator))
+class SamplingState(Protocol):
+    """What the sampler reads of a sequence (the engine's `Sequence` has it)."""
+
+    request_id: int
+    params: SamplingParams
+    token_ids: list[int]  # prompt, then the output so far (resumed tokens included)
+    prompt_tokens: int
+
+
+def draw_uniform(key: int, index: int) -> float:
+    """The uniform number in [0, 1) of output token `index` of the stream `key`."""
+    packed = struct.pack("<QQ", key % 2 ** 64, index)
+    bits = int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little")
+    return (bits >> 11) * 2.0 ** -53
+
+
+def sample_batch(logits: torch.Tensor, rows: Sequence[SamplingState],
+                 eos_token_ids: Sequence[int] = ()) -> list[int]:
+    """The next token of each row ([rows, vocab] logits, one row per state)."""
+    processed = process_logits(logits, rows, eos_token_ids)
+    scores = logits if processed is None else processed  # None: nothing to change
+    if all(row.params.greedy for row in rows):
+        return _greedy(scores, rows, range(len(rows)))
+    scores = scores.float()
+    tokens = [0] * len(rows)
+    greedy = [i for i, row in enumerate(rows) if row.params.greedy]
+    drawn = [i for i, row in enumerate(rows) if not row.params.greedy]
+    chosen, usable = _draw(_take(scores, drawn), [rows[i] for i in drawn])
+    unusable = [i for i, ok in zip(drawn, usable, strict=True) if not ok]
+    for indices, picked in ((drawn, chosen), (greedy, _greedy(scores, rows, greedy)),
+                            (unusable, _greedy(scores, rows, unusable, fallback=True))):
+        for i, token in zip(indices, picked, strict=True):
+            tokens[i] = token
+    return tokens
+
+
+def _take(scores: torch.Tensor, indices: Sequence[int]) -> torch.Tensor:
+    """The given rows (ascending, distinct), without a copy when they are all the rows."""
+    return scores if len(indices) == len(scores) else scores[list(indices)]
+
+
+def _greedy(scores: torch.Tensor, rows: Sequence[SamplingState], indices: Sequence[int],
+            fallback: bool = False) -> list[int]:
+    """Argmax of the given rows; NaN never wins. Logs each row that falls back here from
+    sampling and each greedy row with NaN logits."""
+    if not indices:
+        return []
+    picked = _take(scores, indices)
+    best = torch.argmax(picked, dim=-1)  # torch's argmax picks a NaN if there is one
+    has_nan = torch.isnan(picked.gather(1, best.unsqueeze(1)).squeeze(1))
+    if fallback or bool(has_nan.any()):
+        logged = range(len(indices)) if fallback else has_nan.nonzero().flatten().tolist()
+        for position in logged:
+            logger.warning("request %d: %s distribution unusable (non-finite logits or no "
+                           "probability left after filtering); this token is greedy",
+                           rows[indices[position]].request_id,
+                           "sampling" if fallback else "greedy")
+        best = torch.argmax(torch.nan_to_num(picked.float(), nan=-math.inf), dim=-1)
+    return best.tolist()
+
+
+def _draw(scores: torch.Tensor, rows: Sequence[SamplingState]) -> tuple[list[int], list[bool]]:
+    """One seeded draw per row (temperature, then top-k, top-p and min-p); returns the
+    tokens and whether each row's distribution was usable. Rows without filters draw by
+    inverse CDF in vocabulary order; rows with filters over their candidates sorted by
+    probability: the top k (`torch.topk`, linear in the vocabulary) or, without top-k, the
+    whole sorted vocabulary. Rows are grouped by that path and k, which depend only on the
+    row's own parameters, so no row's draw depends on the rest of the batch."""
+    tokens, usable = [0] * len(rows), [False] * len(rows)
+    groups: dict[int, list[int]] = {}  # -1: no filter, 0: sort all, k: top k
+    for i, row in enumerate(rows):
+        params = row.params
+        filtered = params.top_k or params.top_p < 1 or params.min_p > 0
+        groups.setdefault(params.top_k if filtered else -1, []).append(i)
+    for candidates, group in groups.items():
+        picked, ok = _draw_group(_take(scores, group), [rows[i] for i in group], candidates)
+        for i, token, fine in zip(group, picked, ok, strict=True):
+            tokens[i], usable[i] = token, fine
+    return tokens, usable
+
+
+def _draw_group(scores: torch.Tensor, rows: Sequence[SamplingState],
+                candidates: int) -> tuple[list[int], list[bool]]:
+    """`candidates`: -1 all tokens in vocabulary order, 0 all sorted, k the top k sorted."""
+    params = [row.params for row in rows]
+    temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    scaled = (scores - scores.max(dim=-1, keepdim=True).values) / temperature
+    order = None
+    if candidates == 0:
+        scaled, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    elif candidates > 0:
+        scaled, order = torch.topk(scaled, min(candidates, scaled.shape[1]), dim=-1)
+    if order is not None:
+        probs = torch.softmax(scaled, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64).unsqueeze(1)
+        min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+        drop = (before >= top_p) | (probs < min_p * probs[:, :1])
+        drop[:, 0] = False  # the most likely token always stays
+        probs = probs.masked_fill(drop, 0.0)
+    else:
+        probs = torch.softmax(scaled, dim=-1)
+    width = probs.shape[1]
+    cdf = torch.cumsum(probs, dim=-1)
+    total = cdf[:, -1]  # NaN if any probability is (softmax of NaN or of +inf logits)
+    usable = torch.isfinite(total) & (total > 0)
+    uniform = torch.tensor([draw_uniform(_key(row), len(row.token_ids) - row.prompt_tokens)
+                            for row in rows], dtype=torch.float64)
+    target = (uniform * total.double()).to(cdf.dtype).unsqueeze(1)
+    # the first token whose cdf exceeds the target has probability > 0, unless rounding
+    # put the target at the total: then take the last token with probability > 0
+    index = torch.searchsorted(cdf, target, right=True).clamp(max=width - 1)
+    if bool((probs.gather(1, index) == 0).any()):
+        last_kept = torch.where(probs > 0, torch.arange(width), 0).max(dim=-1, keepdim=True)
+        index = torch.minimum(index, last_kept.values)
+    if order is not None:
+        index = order.gather(1, index)
+    return index.squeeze(1).tolist(), usable.tolist()
+
+
+def _key(row: SamplingState) -> int:
+    seed = row.params.seed
+    return seed if seed is not None else row.request_id
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int],
+                   top: Sequence[int]) -> list[TokenLogprob]:
+    """Log-softmax (float32) of raw logits rows: each row's `tokens[i]` and its top
+    `top[i]` alternatives. Values that are not finite (only from non-finite logits) are
+    reported as LOGPROB_FLOOR, as vLLM does, so that they serialize as JSON."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logprobs = torch.nan_to_num(logprobs, nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)
+    chosen = logprobs.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
+    most = max(top, default=0)
+    best_values, best_ids = ([], []) if most == 0 else (
+        t.tolist() for t in torch.topk(logprobs, min(most, logprobs.shape[1]), dim=-1))
+    result = []
+    for i, (token, value) in enumerate(zip(tokens, chosen, strict=True)):
+        alternatives = () if top[i] == 0 else tuple(
+            zip(best_ids[i][:top[i]], best_values[i][:top[i]], strict=True))
+        result.append(TokenLogprob(token, value, alternatives))
+    return result

@@ -34,8 +34,8 @@ class KVHandoff:
     computed_tokens: int
     params: SamplingParams
     blocks: tuple[int, ...]  # on the sender, covering computed_tokens
-    pool_name: str | None  # the sender's shared pool
-    rng_state: bytes | None = None  # the sampler's generator, so sampling continues exactly
+    pool_name: str | None  # the sender's shared pool (sampling needs no state: it is a
+    # pure function of the seed, the output index and the logits)
 
 
 def attach_pool(name: str, like: PagedKVPool) -> PagedKVPool:

@@ -37,7 +37,7 @@ from pdserve.cluster.messages import (
     Tick,
 )
 from pdserve.cluster.scheduler import GlobalScheduler
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling import SamplingParams, TokenLogprob
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
@@ -72,7 +72,7 @@ class LiveRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     stream: TextStream
-    events: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[tuple[str, str | TokenLogprob]] = field(default_factory=asyncio.Queue)
     tokens_sent: int = 0  # tokens already streamed to the client
     skip_tokens: int = 0  # tokens a re-run will regenerate that were already streamed
     finish_reason: str = ""
@@ -119,7 +119,7 @@ class LiveDriver:
         self._next_id += 1
         request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens)
         live = LiveRequest(request, tuple(prompt_ids), params,
-                           TextStream(self.tokenizer, params.stop))
+                           TextStream(self.tokenizer, params.stop, params.min_tokens))
         self.live[request.request_id] = live
         self.metrics.count("requests")
         self._handle(Arrival(request))
@@ -213,8 +213,8 @@ class LiveDriver:
     def _on_message(self, message: object) -> None:
         if isinstance(message, StepDone):
             self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
-            for request_id, token, reason in message.tokens:
-                self._on_token(message.instance_id, request_id, token, reason)
+            for request_id, token, reason, logprob in message.tokens:
+                self._on_token(message.instance_id, request_id, token, reason, logprob)
         elif isinstance(message, Prefilled):
             live = self.live.get(message.handoff.request_id)
             if live is None:  # cancelled meanwhile
@@ -241,7 +241,8 @@ class LiveDriver:
             if live is not None:
                 self._fail(live, message.message)
 
-    def _on_token(self, instance: int, request_id: int, token: int, reason: str) -> None:
+    def _on_token(self, instance: int, request_id: int, token: int, reason: str,
+                  logprob: TokenLogprob | None = None) -> None:
         live = self.live.get(request_id)
         if live is None:
             return
@@ -256,6 +257,8 @@ class LiveDriver:
             if instance == request.decode_instance:
                 request.record_decode_tokens(now, now)
             live.tokens_sent += 1
+            if logprob is not None:  # before the token's text (which may be held back)
+                live.events.put_nowait(("logprob", logprob))
             delta = live.stream.push(token)
             if delta:
                 live.events.put_nowait(("text", delta))

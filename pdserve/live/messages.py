@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling import SamplingParams, TokenLogprob
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.stats import InstanceStats
 
@@ -73,10 +73,11 @@ class WorkerReady:
 
 @dataclass(frozen=True)
 class StepDone:
-    """One batch ran: the tokens it sampled (request, token, finish reason or "")."""
+    """One batch ran: the tokens it sampled (request, token, finish reason or "", logprob
+    or None when the request did not ask for logprobs)."""
 
     instance_id: int
-    tokens: tuple[tuple[int, int, str], ...]
+    tokens: tuple[tuple[int, int, str, TokenLogprob | None], ...]
     stats: InstanceStats
 
 

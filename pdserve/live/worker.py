@@ -143,7 +143,7 @@ class Worker:
         outputs = self.engine.execute(plan)
         stopped = frozenset(o.request_id for o in outputs if o.finish_reason)
         result = self.local.complete(plan, time.perf_counter() - start, stopped)
-        tokens = tuple((o.request_id, o.token_id, o.finish_reason) for o in outputs)
+        tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob) for o in outputs)
         self.connection.send(StepDone(self.instance_id, tokens, self.stats()))
         for request in result.prefilled:
             self.connection.send(Prefilled(self.instance_id,
