@@ -12,6 +12,7 @@ import numpy as np
 import yaml
 
 from pdserve.bench.traces import SHIPPED_TRACES
+from pdserve.cluster.topology import NETWORK_LINKS
 from pdserve.config import SimConfig
 from pdserve.perf.specs import GPUS, MODELS
 from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
@@ -60,6 +61,12 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--chunk-size", type=int, help="per-step token budget per instance [2048]")
     c.add_argument("--max-batch-size", type=int, help="max sequences per instance [256]")
     c.add_argument("--transfer-calls", type=int, help="transfer calls per KV hand-off [1]")
+    c.add_argument("--instances-per-node", type=int, help="instances per node, filled in id "
+                   "order [as many as fit on 8 GPUs at the tp degree]")
+    c.add_argument("--intra-node-link", help="link inside a node: 'gpu' (the GPU's, as the "
+                   "perf model prices it) or a named link [gpu]")
+    c.add_argument("--inter-node-link", help=f"link between nodes ({', '.join(NETWORK_LINKS)}"
+                   ", custom:GBPS:US_PER_CALL) [rdma-200g]")
     c.add_argument("--monitor-interval", type=float, help="monitor tick, seconds [1]")
     c.add_argument("--monitor-window", type=float, help="monitor statistics window, seconds [5]")
     s = p.add_argument_group("SLOs and output")

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from pdserve.cluster.topology import GPU_LINK, network_link
+
 
 @dataclass
 class SimConfig:
@@ -47,6 +49,10 @@ class SimConfig:
     chunk_size_tokens: int = 2048
     max_batch_size: int = 256
     transfer_calls: int = 1
+    # cluster network (pdserve.cluster.topology): instances fill nodes in id order
+    instances_per_node: int = 0  # 0: as many as fit on an 8-GPU node at the tp degree
+    intra_node_link: str = "gpu"  # the GPU's link as the perf model prices it, or a named link
+    inter_node_link: str = "rdma-200g"  # rdma-100g/200g/400g, tcp-25g/100g, custom:GBps:us
     monitor_interval_s: float = 1.0
     monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
     # SLOs and goodput
@@ -71,6 +77,17 @@ class SimConfig:
                 raise ValueError(f"config field {name!r} must be positive, got {value!r}")
         if self.start_s < 0:
             raise ValueError(f"config field 'start_s' must not be negative, got {self.start_s}")
+        if self.instances_per_node < 0:
+            raise ValueError(f"config field 'instances_per_node' must not be negative, got "
+                             f"{self.instances_per_node}")
+        for name in ("intra_node_link", "inter_node_link"):
+            value = getattr(self, name)
+            if name == "intra_node_link" and value == GPU_LINK:
+                continue
+            try:
+                network_link(value)
+            except ValueError as err:
+                raise ValueError(f"config field {name!r}: {err}") from None
         if self.tp < 0:
             raise ValueError(f"config field 'tp' must not be negative, got {self.tp}")
         if not 0 < self.goodput_target <= 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 KV_BLOCK_TOKENS = 16
@@ -97,6 +98,23 @@ class Request:
     decode_instance: int = -1
     rejected_reason: str = ""
     transfer_s: float = 0.0  # time spent moving KV between instances
+    # --- token timing on the decode instance (see `record_decode_tokens`) ---
+    decode_first_token_s: float = math.nan  # first token emitted by its decode instance
+    last_token_s: float = math.nan  # latest token emitted by its decode instance
+    max_itl_s: float = 0.0  # widest gap between consecutive tokens from decode_first_token_s on
+
+    def decode_in_place(self) -> None:
+        """The instance that prefilled this request decodes it: the prefill's token was
+        already the decode instance's first."""
+        if self.decode_first_token_s != self.decode_first_token_s:  # NaN: not yet set
+            self.decode_first_token_s = self.last_token_s = self.first_token_s
+
+    def record_decode_tokens(self, first_s: float, last_s: float,
+                             max_gap_between_s: float = 0.0) -> None:
+        """Its decode instance emitted tokens, the first at `first_s` and the last at
+        `last_s` (equal for one token), with at most `max_gap_between_s` between two of
+        them (`record_decode_tokens`)."""
+        record_decode_tokens((self,), first_s, last_s, max_gap_between_s)
 
     @property
     def sequence_tokens(self) -> int:
@@ -109,3 +127,24 @@ class Request:
     @property
     def finished(self) -> bool:
         return not math.isnan(self.finish_s)
+
+
+def record_decode_tokens(requests: Iterable[Request], first_s: float, last_s: float,
+                         max_gap_between_s: float = 0.0) -> None:
+    """One decode instance emitted tokens for each of `requests` (a batch): the first at
+    `first_s`, the last at `last_s` (equal for one token), at most `max_gap_between_s`
+    apart in between. The gap since a request's previous token counts toward its
+    `max_itl_s`; the KV hand-off before its decode instance's first token does not (TaiChi
+    counts that in TTFT). One loop per batch: the simulator calls it for every batch."""
+    for request in requests:
+        previous = request.last_token_s
+        if previous != previous:  # NaN: the decode instance's first token
+            request.decode_first_token_s = first_s
+            widest = max_gap_between_s
+        else:
+            widest = first_s - previous
+            if max_gap_between_s > widest:
+                widest = max_gap_between_s
+        if widest > request.max_itl_s:
+            request.max_itl_s = widest
+        request.last_token_s = last_s

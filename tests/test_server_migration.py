@@ -35,6 +35,10 @@ def test_migration_mid_stream_loses_and_duplicates_nothing(tmp_path):
         assert out["error"] is None
         assert out["text"] == local_greedy(PROMPT, 200)
         assert live.request.decode_instance == target
+        # the driver timed the decode instances' tokens (TaiChi TTFT, AMPD ITL)
+        request = live.request
+        assert request.first_token_s < request.decode_first_token_s < request.finish_s
+        assert request.last_token_s == request.finish_s and request.max_itl_s > 0
         metrics = httpx.get(f"{base}/metrics").text
         assert "pdserve_migrations_total 1" in metrics
         assert not driver._transfer_sources  # the source was told to free the KV

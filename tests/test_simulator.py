@@ -50,6 +50,10 @@ def assert_fast_equals_stepwise(policy: str, slo: SLO = DEFAULT_SLO, prefill: in
         assert slow_o[0] == fast_o[0] and slow_o[3:] == fast_o[3:]
         assert fast_o[1] == pytest.approx(slow_o[1], rel=1e-9, abs=1e-9)
         assert fast_o[2] == pytest.approx(slow_o[2], rel=1e-9, abs=1e-9)
+        # token timing kept per batch, not per token, matches too (NaN: never decoded)
+        assert fast_r.decode_first_token_s == pytest.approx(
+            slow_r.decode_first_token_s, rel=1e-9, abs=1e-9, nan_ok=True)
+        assert fast_r.max_itl_s == pytest.approx(slow_r.max_itl_s, rel=1e-9, abs=1e-9)
     # what the monitor saw at every tick is the same too, and so are the role changes
     assert len(step_run.samples) == len(fast_run.samples)
     for slow_s, fast_s in zip(step_run.samples, fast_run.samples, strict=True):

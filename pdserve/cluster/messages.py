@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdserve.cluster.topology import Topology
 from pdserve.instance.stats import InstanceLoad
 from pdserve.types import Request, Role
 
@@ -107,7 +108,10 @@ Action = DispatchPrefill | DispatchDecode | Reject | SetRole | SetChunkSize | Mi
 class ClusterView:
     """The cluster as the global scheduler sees it: a time and each instance's load.
 
-    `instances[i]` is instance i. Drivers may reuse one view and update it in place."""
+    `instances[i]` is instance i. Drivers may reuse one view and update it in place.
+    `topology`, when the driver knows it, prices a KV transfer between two instances
+    (`topology.transfer_time_s(a, b, bytes)`) for policies' cost estimates."""
 
     now_s: float
     instances: Sequence[InstanceLoad]
+    topology: Topology | None = None

@@ -47,6 +47,8 @@ class BatchPlan:
 class BatchResult:
     finished: list[Request] = field(default_factory=list)
     prefilled: list[Request] = field(default_factory=list)  # first prefill done, KV held here
+    recomputed: list[Request] = field(default_factory=list)  # re-prefilled after preemption:
+    # emitted a token (then decode here again, or finished, also in `finished`)
 
 
 class LocalScheduler:
@@ -344,6 +346,8 @@ class LocalScheduler:
             return
         first = request.generated_tokens == 0
         request.generated_tokens += 1  # the prefill's last position samples a token
+        if not first:
+            result.recomputed.append(request)
         if request.generated_tokens >= request.output_tokens or request.request_id in stopped:
             self._free_kv(request)
             result.finished.append(request)

@@ -212,6 +212,7 @@ class LiveDriver(Failover):
             return
         live.request.decode_instance = action.target_id
         if action.target_id == action.source_id:
+            live.request.decode_in_place()
             self._send(action.source_id, ContinueInPlace(action.request.request_id))
         else:
             self.metrics.count("transfers")
@@ -292,6 +293,8 @@ class LiveDriver(Failover):
             request.first_token_s = now
             self.metrics.ttft.observe(now - request.arrival_s)
             self.metrics.count("prompt_tokens", len(live.prompt_ids))
+        if instance == request.decode_instance:
+            request.record_decode_tokens(now, now)
         live.token_ids.append(token)
         self.metrics.count("generation_tokens")
         if logprob is not None:  # before the token's text (which may be held back)

@@ -14,9 +14,10 @@ from pdserve.bench.metrics import Summary, summarize
 from pdserve.bench.synthetic import synthetic_workload
 from pdserve.bench.traces import load_trace
 from pdserve.bench.workload import Workload
+from pdserve.cluster.topology import GPU_LINK, Link, Topology, gpu_link, network_link
 from pdserve.config import SimConfig
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.presets import perf_model
+from pdserve.perf.presets import default_tp, perf_model
 from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO
@@ -45,6 +46,31 @@ def load_perf_model(config: SimConfig) -> PerfModel:
     return perf_model(config.model, config.gpu, config.tp or None)
 
 
+GPUS_PER_NODE = 8  # the papers' servers (DGX/HGX: 8 GPUs on one NVSwitch)
+
+
+def tp_degree(config: SimConfig) -> int:
+    return config.tp or (1 if config.perf_model else default_tp(config.model, config.gpu))
+
+
+def instances_per_node(config: SimConfig) -> int:
+    """The config's, or as many instances as fit on an 8-GPU node at the setup's tp."""
+    return config.instances_per_node or max(1, GPUS_PER_NODE // tp_degree(config))
+
+
+def build_topology(config: SimConfig, perf: PerfModel, num_instances: int) -> Topology:
+    """The config's network. Between nodes each GPU has its own card (GPUDirect RDMA, as
+    on DGX/HGX servers) and each tensor-parallel rank sends its share of the KV, so an
+    instance's network port carries tp times the named link's bandwidth."""
+    intra = (gpu_link(perf) if config.intra_node_link == GPU_LINK
+             else network_link(config.intra_node_link))
+    inter, tp = network_link(config.inter_node_link), tp_degree(config)
+    if tp > 1:
+        inter = Link(f"{inter.name} x{tp}", inter.bytes_per_s * tp, inter.per_call_s,
+                     inter.source)
+    return Topology.build([intra] * num_instances, instances_per_node(config), inter)
+
+
 @dataclass
 class Experiment:
     config: SimConfig
@@ -71,8 +97,9 @@ class Experiment:
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
                                config.transfer_calls, config.monitor_interval_s, max_span_steps)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
-        return Simulator(policy, count, self.perf, settings).run(workload.requests(),
-                                                                 on_progress)
+        topology = build_topology(config, self.perf, count)
+        return Simulator(policy, count, self.perf, settings, topology).run(
+            workload.requests(), on_progress)
 
     def summarize(self, result: SimResult) -> Summary:
         return summarize(result.requests, self.slo)

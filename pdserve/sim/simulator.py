@@ -10,16 +10,22 @@ change (`max_span_steps`), in closed form; work arriving mid-span cuts the span 
 step in progress. With `max_span_steps=1` the same code runs step by step, which is how the
 tests check that the fast path changes nothing.
 
-KV transfers are independent (no link contention is modelled); each costs
-`calls * alpha + bytes / beta` from the performance model, and the prefill instance keeps the
-KV until the transfer is done.
+KV transfers run over the cluster's links (`pdserve.cluster.topology`): transfers that share
+an instance's port share its bandwidth (`pdserve.sim.links`), and the prefill instance keeps
+the KV until the transfer is done. Each instance may have its own performance model
+(heterogeneous hardware): its batch times, its KV capacity and its intra-node link.
+
+Token timing: at the end of each batch every decode records when its decode instance emitted
+its first and last token of the batch and the widest gap in between
+(`Request.record_decode_tokens`); for a span that is the last step, the longest, so the cost
+is one call per decode per batch and no per-token list.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pdserve.cluster.messages import (
@@ -37,11 +43,13 @@ from pdserve.cluster.messages import (
     Tick,
 )
 from pdserve.cluster.scheduler import GlobalScheduler
-from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.cluster.topology import Topology
+from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
 from pdserve.sim.instance import SimInstance
-from pdserve.types import KV_BLOCK_TOKENS, Request, Role
+from pdserve.sim.links import LinkSimulator
+from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
 
 _BATCH_DONE, _TRANSFER_DONE, _TICK = 0, 1, 2
 
@@ -110,18 +118,31 @@ class SimSettings:
 
 
 class Simulator:
-    def __init__(self, policy: Policy, num_instances: int, perf: PerfModel,
-                 settings: SimSettings | None = None) -> None:
+    """`perf` is one performance model for every instance or one per instance; `topology`
+    places the instances and names their links (default: all on one node, each on its own
+    model's GPU link)."""
+
+    def __init__(self, policy: Policy, num_instances: int,
+                 perf: PerfModel | Sequence[PerfModel], settings: SimSettings | None = None,
+                 topology: Topology | None = None) -> None:
         self.settings = settings or SimSettings()
-        self.perf = perf
+        self.perfs = [perf] * num_instances if isinstance(perf, PerfModel) else list(perf)
+        if len(self.perfs) != num_instances:
+            raise ValueError(f"{len(self.perfs)} performance models for {num_instances} "
+                             f"instances")
+        self.topology = topology or Topology.for_perf_models(self.perfs, num_instances)
+        if self.topology.num_instances != num_instances:
+            raise ValueError(f"the topology places {self.topology.num_instances} instances, "
+                             f"the cluster has {num_instances}")
+        self.links = LinkSimulator(self.topology)
         self.scheduler = GlobalScheduler(policy, num_instances)
-        self.view = ClusterView(0.0, [])
-        total_blocks = perf.kv_capacity_tokens // KV_BLOCK_TOKENS
+        self.view = ClusterView(0.0, [], self.topology)
         self.instances = [
-            SimInstance(LocalScheduler(i, total_blocks, self.settings.chunk_size_tokens,
+            SimInstance(LocalScheduler(i, model.kv_capacity_tokens // KV_BLOCK_TOKENS,
+                                       self.settings.chunk_size_tokens,
                                        self.settings.max_batch_size, policy.queue_order()),
-                        perf, self.view, self.settings.max_span_steps)
-            for i in range(num_instances)]
+                        model, self.view, self.settings.max_span_steps)
+            for i, model in enumerate(self.perfs)]
         self.view.instances = self.instances
         self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
@@ -134,6 +155,9 @@ class Simulator:
         self._stalled_ticks = 0
         self._migrations: dict[int, Migrate] = {}  # waiting for their source's step boundary
         self._transfer_source: dict[int, int] = {}  # KV in flight: request -> source
+        self._transfer_start_s: dict[int, float] = {}  # KV on the wire: request -> start
+        self._link_event_s = math.inf  # when the pending link event is due
+        self._link_version = 0  # bumps when the pending link event is superseded
 
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:
@@ -191,6 +215,7 @@ class Simulator:
         request, source = action.request, self.instances[action.source_id]
         if action.target_id == action.source_id:
             request.decode_instance = action.target_id
+            request.decode_in_place()
             self._touch(source)
             source.local.continue_in_place(request)
         else:
@@ -217,11 +242,31 @@ class Simulator:
 
     def _start_transfers(self, target: SimInstance) -> None:
         now = self.view.now_s
+        started = False
         for request in target.local.admit_transfers():
-            duration = self.perf.transfer_time_s(request.sequence_tokens - 1,
-                                                 self.settings.transfer_calls)
-            request.transfer_s += duration
-            self._push(now + duration, _TRANSFER_DONE, request, 0)
+            source = self._transfer_source[request.request_id]
+            num_bytes = (request.sequence_tokens - 1) * self.perfs[source].kv_bytes_per_token
+            self.links.start(request, now, source, target.local.instance_id, num_bytes,
+                             self.settings.transfer_calls)
+            self._transfer_start_s[request.request_id] = now
+            started = True
+        if started:
+            self._schedule_links()
+
+    def _schedule_links(self) -> None:
+        """Keep one pending event at the links' next join or end."""
+        time_s = self.links.next_event_s()
+        if time_s != self._link_event_s:
+            self._link_event_s = time_s
+            self._link_version += 1
+            if time_s < math.inf:
+                self._push(time_s, _TRANSFER_DONE, None, self._link_version)
+
+    def _on_links(self) -> None:
+        self._link_event_s = math.inf
+        for request in self.links.advance(self.view.now_s):
+            self._on_transfer_done(request)  # type: ignore[arg-type]
+        self._schedule_links()
 
     # ---- event handlers ----
     def _on_batch_done(self, instance: SimInstance) -> None:
@@ -229,6 +274,7 @@ class Simulator:
         assert plan is not None
         instance.plan = None
         now = self.view.now_s
+        self._record_tokens(instance, plan, now)
         result = instance.local.complete(plan, now - instance.start_s)
         handle = self.scheduler.handle
         for request in result.finished:
@@ -238,6 +284,8 @@ class Simulator:
             self._outstanding -= 1
             self._completed += 1
             self._apply(handle(Finished(request, instance.local.instance_id), self.view))
+        if result.recomputed:  # its decode instance emitted a token again
+            record_decode_tokens(result.recomputed, now, now)
         for request in result.prefilled:
             request.first_token_s = now
             self._apply(handle(PrefillDone(request, instance.local.instance_id), self.view))
@@ -247,7 +295,22 @@ class Simulator:
             self._start_migrations(instance)
         self._kicked.append(instance)
 
+    def _record_tokens(self, instance: SimInstance, plan: BatchPlan, end_s: float) -> None:
+        """Each decode of `plan` emitted one token per step; steps grow longer as the
+        context grows, so the last step is the widest gap inside the batch."""
+        decodes = plan.decodes
+        if not decodes:
+            return
+        if plan.steps == 1:
+            record_decode_tokens(decodes, end_s, end_s)
+            return
+        batch, context, steps = len(decodes), plan.decode_context_tokens, plan.steps
+        step = instance.perf.decode.step_s
+        record_decode_tokens(decodes, instance.start_s + step(batch, context), end_s,
+                             step(batch, context + batch * (steps - 1)))
+
     def _on_transfer_done(self, request: Request) -> None:
+        request.transfer_s += self.view.now_s - self._transfer_start_s.pop(request.request_id)
         source = self.instances[self._transfer_source.pop(request.request_id)]
         target = self.instances[request.decode_instance]
         self._touch(source)
@@ -298,7 +361,9 @@ class Simulator:
                         continue  # superseded by an interrupt
                     self._on_batch_done(payload)  # type: ignore[arg-type]
                 elif kind == _TRANSFER_DONE:
-                    self._on_transfer_done(payload)  # type: ignore[arg-type]
+                    if version != self._link_version:
+                        continue  # superseded: the links changed since
+                    self._on_links()
                 else:
                     self._on_tick()
                     if on_progress is not None:
