@@ -26,7 +26,7 @@ def check_chat_unsupported(body: ChatCompletionRequest) -> None:
         raise APIError(400, "tool_choice: only 'none' is supported", "tool_choice")
     if body.response_format and body.response_format.get("type", "text") != "text":
         kind = body.response_format.get("type")
-        raise APIError(400, f"response_format: type {kind!r} is not supported (only 'text')",
+        raise APIError(400, f"response_format.type: {kind!r} is not supported (only 'text')",
                        "response_format.type")
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
