@@ -31,7 +31,7 @@ from pdserve.server.logprobs import LogprobFormatter
 from pdserve.server.prepare import Prepared, prepare_chat, prepare_completion
 from pdserve.server.responses import Choice
 from pdserve.server.responses import Response as Reply
-from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
+from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest, prompt_schema
 from pdserve.server.validation import Limits
 
 log = logging.getLogger("pdserve.server")
@@ -92,6 +92,9 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
             for model in (CompletionRequest, ChatCompletionRequest):
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(body.pop("$defs", {}))
+                body["properties"]["model"]["enum"] = [name]  # the one model served
+                if model is CompletionRequest:
+                    body["properties"]["prompt"] = prompt_schema(settings.vocab_size)
                 components[model.__name__] = body
             app.openapi_schema = schema
         return app.openapi_schema

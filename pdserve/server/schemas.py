@@ -13,12 +13,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 MAX_LOGPROBS = 20
 MAX_N = 16
 MAX_SEED = 2**63 - 1  # a 64-bit signed integer, as vLLM
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
+
+
+def integral(value: object) -> object:
+    """3.0 is an integer in JSON (and JSON Schema); 3.5, "3" and true stay refused."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+_INT_FIELDS = frozenset({"top_k", "seed", "n", "min_tokens", "max_tokens", "logprobs",
+                         "best_of", "max_completion_tokens", "top_logprobs"})
 
 
 class StreamOptions(BaseModel):
@@ -30,6 +41,14 @@ class StreamOptions(BaseModel):
 class _Sampling(BaseModel):
     """Fields common to completions and chat completions."""
     model_config = _STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_floats(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: integral(v) if k in _INT_FIELDS else v
+                    for k, v in data.items()}
+        return data
     model: str
     temperature: float | None = Field(None, ge=0.0, le=2.0, description="below 1e-5: greedy")
     top_p: float | None = Field(None, ge=0.0, le=1.0, description="below 1e-5: greedy")
@@ -50,13 +69,20 @@ class _Sampling(BaseModel):
     user: str | None = None
 
 
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer"}, "minItems": 1}
-# checked element by element in Python (`validation.completion_prompts`), not by pydantic:
-# a 5 MB token list validated in one native call would hold the GIL and stall the server
-_PROMPT = WithJsonSchema({"anyOf": [
-    {"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1},
-    _TOKEN_IDS, {"type": "array", "items": _TOKEN_IDS, "minItems": 1}],
-    "description": "text, token ids, or a list of either (one choice set per prompt)"})
+def prompt_schema(vocab_size: int | None = None) -> dict[str, Any]:
+    """The documented forms of a completion prompt (token ids bounded by the vocabulary)."""
+    ids: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "integer"}}
+    if vocab_size is not None:
+        ids["items"].update(minimum=0, maximum=vocab_size - 1)
+    return {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                           "minItems": 1}, ids,
+                      {"type": "array", "items": ids, "minItems": 1}],
+            "description": "text, token ids, or a list of either (one choice set per prompt)"}
+
+
+# checked element by element in Python (`validation.split_prompts`), not by pydantic: a
+# 5 MB token list validated in one native call would hold the GIL and stall the server
+_PROMPT = WithJsonSchema(prompt_schema())
 
 
 class CompletionRequest(_Sampling):

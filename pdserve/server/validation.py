@@ -88,24 +88,33 @@ def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:
                        f"(0..{limits.vocab_size - 1})", param)
 
 
-def _is_token_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(type(item) is int for item in value)
+def _token_ids(value: Any) -> list[int] | None:
+    """`value` as token ids (integral floats such as 3.0 included), or None."""
+    if not isinstance(value, list):
+        return None
+    if all(type(item) is int for item in value):
+        return value
+    if all(type(item) is int or (type(item) is float and item.is_integer()) for item in value):
+        return [int(item) for item in value]
+    return None
 
 
 def split_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
     """The prompts of a completion request: one text, one token list, or a list of texts
     or of token lists (not mixed), checked element by element."""
-    if isinstance(prompt, str) or (prompt and type(prompt[0]) is int):
+    if isinstance(prompt, str) or (prompt and type(prompt[0]) in (int, float)):
         prompts: list[Any] = [prompt]
     else:
         prompts = list(prompt)
     if not prompts:
         raise APIError(400, "prompt: the list of prompts is empty", "prompt")
-    texts = all(isinstance(p, str) for p in prompts)
-    if not texts and not all(_is_token_ids(p) for p in prompts):
+    if all(isinstance(p, str) for p in prompts):
+        return prompts
+    ids = [_token_ids(p) for p in prompts]
+    if any(p is None for p in ids):
         raise APIError(400, "prompt: must be a string, a list of token ids (integers), or a "
                        "list of strings or of token-id lists", "prompt")
-    return prompts
+    return ids  # type: ignore[return-value]
 
 
 def completion_prompts(body: CompletionRequest, tokenizer: TextTokenizer,
