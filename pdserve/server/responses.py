@@ -22,6 +22,15 @@ from pdserve.server.logprobs import LogprobFormatter, merge
 from pdserve.server.prepare import Prepared
 
 
+def failure_of(live: LiveRequest) -> tuple[int, str]:
+    """The HTTP status and OpenAI error type of a failed request: the driver's verdict
+    (400 when the request's own content failed it) where it gives one, else 503."""
+    status = getattr(live, "error_status", 0) or 503
+    kind = getattr(live, "error_type", "") or ("invalid_request_error" if status < 500
+                                               else "server_error")
+    return status, kind
+
+
 @dataclass
 class Choice:
     index: int
@@ -84,7 +93,8 @@ class Response:
                 elif kind == "done":
                     self._take_logprobs(choice)
                 elif kind == "error":
-                    raise APIError(503, f"request failed: {value}", kind="server_error")
+                    status, kind_name = failure_of(choice.live)
+                    raise APIError(status, f"request failed: {value}", kind=kind_name)
         finally:
             self.cancel_unfinished()
         return {"id": self.ident, "object": "chat.completion" if self.chat
@@ -142,7 +152,7 @@ class Response:
                 elif kind == "done":
                     yield self._chunk([self._delta(choice, None, value)], continuous)
                 elif kind == "error":
-                    failure = error_body(f"request failed: {value}", "server_error")
+                    failure = error_body(f"request failed: {value}", failure_of(choice.live)[1])
                     yield f"data: {json.dumps(failure)}\n\n"
                     break
             else:
