@@ -83,8 +83,9 @@ class Response:
 
     # ---- one JSON body ----
     async def whole(self) -> dict[str, Any]:
+        events = self.events()
         try:
-            async for choice, kind, value in self.events():
+            async for choice, kind, value in events:
                 if kind == "logprob" and choice.logprobs is not None:
                     choice.logprobs.add(value)
                 elif kind == "text":
@@ -96,6 +97,7 @@ class Response:
                     status, kind_name = failure_of(choice.live)
                     raise APIError(status, f"request failed: {value}", kind=kind_name)
         finally:
+            await events.aclose()  # drops the pending queue reads at once
             self.cancel_unfinished()
         return {"id": self.ident, "object": "chat.completion" if self.chat
                 else "text_completion", "created": self.created, "model": self.model,
@@ -138,13 +140,14 @@ class Response:
 
     async def stream(self) -> AsyncIterator[str]:
         continuous = self.prepared.continuous_usage
+        events = self.events()
         try:
             for choice in self.choices:
                 if self.chat:
                     yield self._chunk([self._delta(choice, None, None, role=True)], continuous)
                 elif choice.echo:
                     yield self._chunk([self._delta(choice, choice.echo, None)], continuous)
-            async for choice, kind, value in self.events():
+            async for choice, kind, value in events:
                 if kind == "logprob" and choice.logprobs is not None:
                     choice.logprobs.add(value)
                 elif kind == "text":
@@ -160,4 +163,5 @@ class Response:
                     yield self._chunk([], True)
             yield "data: [DONE]\n\n"
         finally:
+            await events.aclose()
             self.cancel_unfinished()
