@@ -290,3 +290,4 @@ def test_official_client_with_n_logprobs_and_streaming_chat(server):
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
     assert any(c.choices and c.choices[0].logprobs for c in chunks)
+

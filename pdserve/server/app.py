@@ -11,6 +11,7 @@ an OpenAI-style JSON body (`errors.py`). The request schemas are documented in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -36,6 +37,7 @@ from pdserve.server.validation import Limits
 
 log = logging.getLogger("pdserve.server")
 DEFAULT_MAX_BODY_BYTES = 8 << 20
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is there
 
 
 @dataclass(frozen=True)
@@ -123,14 +125,21 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
                            headers={"Retry-After": "1"}) from err
         return choices
 
-    async def respond(prepared: Prepared, chat: bool) -> Response:
+    async def respond(request: Request, prepared: Prepared, chat: bool) -> Response:
         choices = admit(prepared, chat)
         rid = choices[0].live.request.request_id
         reply = Reply(driver, prepared, choices, f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
                       int(time.time()), name, chat)
-        if prepared.stream:
+        if prepared.stream:  # a client that goes away closes the stream, which cancels
             return StreamingResponse(reply.stream(), media_type="text/event-stream")
-        return JSONResponse(await reply.whole())
+        whole = asyncio.ensure_future(reply.whole())
+        while not (await asyncio.wait({whole}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():  # nobody waits for the answer: stop it
+                whole.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await whole
+                raise APIError(499, "the client closed the connection")
+        return JSONResponse(whole.result())
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -164,7 +173,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
         body = await read_body(request, settings.max_body_bytes)
         prepared = await asyncio.to_thread(prepare_completion, body, name, driver.tokenizer,
                                            limits)
-        return await respond(prepared, chat=False)
+        return await respond(request, prepared, chat=False)
 
     @app.post("/v1/chat/completions", openapi_extra=_documented(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
@@ -172,6 +181,6 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
         body = await read_body(request, settings.max_body_bytes)
         prepared = await asyncio.to_thread(prepare_chat, body, name, driver.tokenizer, limits,
                                            settings.chat_template)
-        return await respond(prepared, chat=True)
+        return await respond(request, prepared, chat=True)
 
     return app
