@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -206,7 +208,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode", type=int, help="decode instances (disaggregated presets)")
     p.add_argument("--host", default="127.0.0.1", help="bind address [127.0.0.1]")
     p.add_argument("--port", type=int, default=8000, help="[8000]")
-    p.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY", ""),
+                   help="require 'Authorization: Bearer KEY' [$PDSERVE_API_KEY]")
+    p.add_argument("--served-model-name", default="",
+                   help="the model name clients use [the model's name]")
+    p.add_argument("--max-model-len", type=int, default=0,
+                   help="context tokens (prompt + output) per request [the model's]")
+    p.add_argument("--chat-template", default="",
+                   help="a Jinja chat template file (needs jinja2) [generic role markers]")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                   help="largest request body; larger ones get 413 [8 MiB]")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"], help="[info]")
     p.add_argument("--kv-blocks", type=int, default=2048, help="KV blocks per worker [2048]")
     p.add_argument("--chunk-size", type=int, default=512, help="token budget per step [512]")
     p.add_argument("--max-batch-size", type=int, default=64, help="[64]")
@@ -235,10 +248,14 @@ def _run_serve(args: argparse.Namespace) -> int:
         decode=decode, host=args.host, port=args.port, api_key=args.api_key,
         kv_blocks=args.kv_blocks, chunk_size_tokens=args.chunk_size,
         max_batch_size=args.max_batch_size, max_outstanding=args.max_outstanding,
-        ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model)
+        ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model,
+        served_model_name=args.served_model_name, max_model_len=args.max_model_len,
+        chat_template=args.chat_template, max_body_bytes=args.max_body_bytes)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pdserve").setLevel(args.log_level.upper())
     # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)
-    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level="info",
-                timeout_graceful_shutdown=10)
+    uvicorn.run(build_app(config), host=config.host, port=config.port,
+                log_level=args.log_level, timeout_graceful_shutdown=10)
     return 0
 
 
@@ -264,6 +281,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tpot-slo", type=float, default=0.15)
     p.add_argument("--out", type=Path, help="write summary.json, requests.csv and plots here")
     p.set_defaults(handler=_run_bench)
+
+
+FEW_REQUESTS = 20  # fewer in a bench window: warn that its figures say little
 
 
 def bench_workload(args: argparse.Namespace):
@@ -300,6 +320,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as err:
             raise ValueError(f"cannot list models at {args.url}: {err}") from err
     timeout = args.timeout or args.duration + 120
+    if len(workload) < FEW_REQUESTS:
+        print(f"pdserve bench: warning: the window holds only {len(workload)} request(s); "
+              f"the figures below say little (use a longer --duration or a higher "
+              f"--rate-scale for at least {FEW_REQUESTS})", file=sys.stderr)
     print(f"replaying {len(workload)} requests of {args.trace} over {workload.span_s:.0f}s "
           f"against {args.url} ({model})")
     requests = asyncio.run(replay(args.url, workload, model, timeout, args.max_in_flight,

@@ -2,7 +2,8 @@
 
 Each request is sent at its (rate-scaled) arrival time as a streaming `/v1/completions` call
 whose prompt is a list of token ids of the trace's input length (so lengths are exact on any
-server that accepts token prompts) and whose `max_tokens` is the trace's output length.
+server that accepts token prompts) and whose `max_tokens` is the trace's output length, with
+`ignore_eos` (vLLM's extension, which pdserve also takes) so outputs have that length.
 Times are taken on the client: TTFT at the first streamed text, the end at the last chunk,
 and the output length from the final usage chunk. The result is a list of `Request`
 records, scored by `pdserve.bench.metrics` exactly like a simulated run.
@@ -38,7 +39,8 @@ def prompt_ids(request: Request) -> list[int]:
 async def _one(client: httpx.AsyncClient, model: str, request: Request, origin: float,
                gate: asyncio.Semaphore) -> None:
     body = {"model": model, "prompt": prompt_ids(request), "max_tokens": request.output_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
     async with gate:
         try:
             async with client.stream("POST", "/v1/completions", json=body) as response:

@@ -50,6 +50,18 @@ QUICK_GRID = ProfileGrid(prefill_tokens=(16, 128, 512), prior_tokens=(0, 256),
                          transfer_blocks=(1, 16, 64), repeats=2)
 
 
+def fit_grid_to_context(grid: ProfileGrid, context_tokens: int) -> ProfileGrid:
+    """Drop the grid points a model of `context_tokens` positions cannot hold (a checkpoint
+    with a short context must still profile)."""
+    room = context_tokens - grid.repeats - 2  # each sequence also decodes a few tokens
+    prior = tuple(p for p in grid.prior_tokens if p + min(grid.prefill_tokens) <= room)
+    new = tuple(n for n in grid.prefill_tokens if min(prior or (0,)) + n <= room)
+    contexts = tuple(c for c in grid.context_per_sequence if c <= room)
+    if not (prior and new and contexts):
+        raise ValueError(f"a context of {context_tokens} tokens is too short to profile")
+    return replace(grid, prior_tokens=prior, prefill_tokens=new, context_per_sequence=contexts)
+
+
 def _median(times: list[float]) -> float:
     return statistics.median(times[1:])  # the first run is a warm-up
 
@@ -122,7 +134,12 @@ def _measure(model_name: str, kv_blocks: int, grid: ProfileGrid,
     torch.set_num_threads(1)
     model, tokenizer = load_model(model_name)
     say = progress or (lambda message: None)
-    params = SamplingParams(max_tokens=4096, ignore_eos=True)
+    context = model.config.max_position_embeddings
+    grid = fit_grid_to_context(grid, context)
+    room = context - grid.repeats - 2
+    points = [(p, n) for p in grid.prior_tokens for n in grid.prefill_tokens if p + n <= room]
+    longest_prompt = max(max(p + n for p, n in points), max(grid.context_per_sequence))
+    params = SamplingParams(max_tokens=context - longest_prompt, ignore_eos=True)
 
     # the measuring pool holds the largest grid point; `kv_blocks` is only what the model
     # reports as the deployment's capacity
@@ -142,6 +159,8 @@ def _measure(model_name: str, kv_blocks: int, grid: ProfileGrid,
     prefill = []
     for prior in grid.prior_tokens:
         for new in grid.prefill_tokens:
+            if prior + new > room:
+                continue
             times = []
             for _ in range(grid.repeats + 1):
                 engine = engine_with(1, prior, new)

@@ -3,16 +3,34 @@
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 
+@cache
+def _byte_of_char() -> dict[str, int]:
+    """Byte-level BPE's alphabet: printable Latin-1 bytes stand for themselves, the other
+    bytes for code points from 256 upwards, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[chr(byte)] = byte
+        else:
+            table[chr(256 + extra)] = byte
+            extra += 1
+    return table
+
+
 class TextTokenizer:
     def __init__(self, tokenizer: Tokenizer, eos_token_ids: tuple[int, ...]) -> None:
         self._tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        self._max_token_bytes: int | None = None
 
     @classmethod
     def shipped(cls) -> TextTokenizer:
@@ -30,6 +48,30 @@ class TextTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Like `encode` for each text; releases the GIL while it runs (a server thread
+        tokenising a long prompt does not stall the event loop)."""
+        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    @property
+    def max_token_bytes(self) -> int:
+        """An upper bound on the UTF-8 bytes one token stands for (the longest vocabulary
+        entry), so a text of more than `context * max_token_bytes` bytes cannot fit."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max(len(token.encode("utf-8"))
+                                        for token in self._tokenizer.get_vocab())
+        return self._max_token_bytes
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte-level BPE token may be part of a UTF-8
+        character, so its text alone cannot say)."""
+        entry = self._tokenizer.id_to_token(token_id) or ""
+        if "ByteLevel" in type(self._tokenizer.decoder).__name__ + repr(self._tokenizer.decoder):
+            table = _byte_of_char()
+            if all(char in table for char in entry):
+                return bytes(table[char] for char in entry)
+        return self._tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)

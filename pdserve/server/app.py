@@ -1,79 +1,162 @@
 """The OpenAI-compatible HTTP API over a `LiveDriver`.
 
-/v1/completions and /v1/chat/completions (server-sent events when `stream`, `usage`
-filled), /v1/models, /health, /metrics (Prometheus text). A streaming client that goes away
-cancels its request, which frees its KV on every worker.
+/v1/completions and /v1/chat/completions (server-sent events when `stream`), /v1/models and
+/v1/models/{id}, /health (200/503 from the driver's status), /metrics (Prometheus text).
+Bodies are read under a size limit and parsed, validated and tokenised in a worker thread
+(`prepare.py`), so one huge or malformed request cannot stall other streams; every error is
+an OpenAI-style JSON body (`errors.py`). The request schemas are documented in
+`/openapi.json` while the routes parse them strictly themselves (400s, never 422).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
-from pdserve.engine.sampling import SamplingParams
 from pdserve.live.driver import LiveDriver, LiveRequest, Overloaded
-from pdserve.server.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    chat_prompt,
-    parse,
-)
+from pdserve.server.body import read_body
+from pdserve.server.chat_template import ChatTemplate
+from pdserve.server.errors import APIError, install_error_handlers
+from pdserve.server.logprobs import LogprobFormatter
+from pdserve.server.prepare import Prepared, prepare_chat, prepare_completion
+from pdserve.server.responses import Choice
+from pdserve.server.responses import Response as Reply
+from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest, prompt_schema
+from pdserve.server.validation import Limits
+
+log = logging.getLogger("pdserve.server")
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is there
 
 
-def create_app(driver: LiveDriver, model_name: str, context_tokens: int,
-               api_key: str | None = None) -> FastAPI:
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str
+    context_tokens: int
+    vocab_size: int
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    chat_template: ChatTemplate = field(default_factory=ChatTemplate)
+    url: str = ""  # where it listens, for the start-up log line
+
+
+def _documented(model: type[BaseModel]) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    errors = {str(code): {"description": text, "content": {"application/json": {}}}
+              for code, text in ((400, "invalid request"), (401, "bad API key"),
+                                 (404, "unknown model"), (413, "body too large"),
+                                 (429, "overloaded"), (503, "no worker can serve"))}
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": ref}}}, "responses": errors}
+
+
+def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
+    limits = Limits(settings.context_tokens, settings.vocab_size)
+    name = settings.model_name
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        started = time.monotonic()
+        log.info("starting %d workers", driver.workers.count)
         await driver.start()
+        roles = ", ".join(f"{i}: {role.value} (pid {driver.workers.pid(i)})"
+                          for i, role in enumerate(driver.scheduler.roles))
+        log.info("workers up in %.1fs: %s", time.monotonic() - started, roles)
+        log.info("serving %r (context %d tokens) on %s", name, settings.context_tokens,
+                 settings.url or "the configured address")
         yield
         await driver.close()
 
     app = FastAPI(title="pdserve", lifespan=lifespan)
     app.state.driver = driver
+    install_error_handlers(app)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title="pdserve", version="0.1.0", routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name_ in ("HTTPValidationError", "ValidationError"):  # never answered: 400s
+                components.pop(name_, None)
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for model in (CompletionRequest, ChatCompletionRequest):
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                body["properties"]["model"]["enum"] = [name]  # the one model served
+                if model is CompletionRequest:
+                    body["properties"]["prompt"] = prompt_schema(settings.vocab_size)
+                components[model.__name__] = body
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     def check_key(request: Request) -> None:
-        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+        if settings.api_key and (request.headers.get("authorization")
+                                 != f"Bearer {settings.api_key}"):
             raise APIError(401, "invalid or missing API key", kind="authentication_error")
 
-    def admit(body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
-              max_tokens: int) -> LiveRequest:
-        if body.model != model_name:
-            raise APIError(404, f"model {body.model!r} does not exist; this server serves "
-                           f"{model_name!r}", "model", "not_found_error")
-        if body.n != 1:
-            raise APIError(400, "only n=1 is supported", "n")
-        if max_tokens < 1:
-            raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-        if not prompt_ids:
-            raise APIError(400, "the prompt is empty", "prompt")
-        if len(prompt_ids) + max_tokens > context_tokens:
-            raise APIError(400, f"prompt ({len(prompt_ids)} tokens) plus max_tokens "
-                           f"({max_tokens}) exceeds the context length {context_tokens}",
-                           "max_tokens")
-        params = SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
-                                top_p=body.top_p, seed=body.seed, stop=body.stop_strings)
+    def admit(prepared: Prepared, chat: bool) -> list[Choice]:
+        choices: list[Choice] = []
         try:
-            return driver.submit(prompt_ids, params)
+            for index, params in enumerate(prepared.params):
+                prompt = prepared.prompt_of(index)
+                live: LiveRequest = driver.submit(prepared.prompts[prompt], params)
+                echo = prepared.echo_texts[prompt] if prepared.echo_texts else ""
+                formatter = (LogprobFormatter(driver.tokenizer, chat, len(echo))
+                             if prepared.logprobs else None)
+                choices.append(Choice(index, live, formatter, echo))
         except Overloaded as err:
+            for choice in choices:
+                driver.cancel(choice.live.request.request_id)
             raise APIError(429, f"server overloaded: {err}", kind="rate_limit_error",
                            headers={"Retry-After": "1"}) from err
+        return choices
 
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, err: APIError) -> JSONResponse:
-        return err.response()
+    async def respond(request: Request, prepared: Prepared, chat: bool) -> Response:
+        choices = admit(prepared, chat)
+        rid = choices[0].live.request.request_id
+        reply = Reply(driver, prepared, choices, f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
+                      int(time.time()), name, chat)
+        if prepared.stream:  # a client that goes away closes the stream, which cancels
+            return StreamingResponse(reply.stream(), media_type="text/event-stream")
+        whole = asyncio.ensure_future(reply.whole())
+        while not (await asyncio.wait({whole}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():  # nobody waits for the answer: stop it
+                whole.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await whole
+                raise APIError(499, "the client closed the connection")
+        return JSONResponse(whole.result())
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         check_key(request)
-        return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                            "created": 0, "owned_by": "pdserve"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        check_key(request)
+        if model_id != name:
+            raise APIError(404, f"model {model_id!r} does not exist; this server serves "
+                           f"{name!r}", "model", "not_found_error")
+        return model_card()
+
+    def model_card() -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "pdserve",
+                "max_model_len": settings.context_tokens}
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -84,99 +167,20 @@ def create_app(driver: LiveDriver, model_name: str, context_tokens: int,
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(driver.metrics_text())
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_documented(CompletionRequest))
     async def completions(request: Request) -> Response:
         check_key(request)
-        body = parse(await request.body(), CompletionRequest)
-        tokens = (list(body.prompt) if isinstance(body.prompt, list)
-                  else driver.tokenizer.encode(body.prompt))
-        live = admit(body, tokens, body.max_tokens)
-        return await respond(live, body, chat=False)
+        body = await read_body(request, settings.max_body_bytes)
+        prepared = await asyncio.to_thread(prepare_completion, body, name, driver.tokenizer,
+                                           limits)
+        return await respond(request, prepared, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_documented(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         check_key(request)
-        body = parse(await request.body(), ChatCompletionRequest)
-        tokens = driver.tokenizer.encode(chat_prompt(body.messages))
-        live = admit(body, tokens, body.token_limit)
-        return await respond(live, body, chat=True)
-
-    async def respond(live: LiveRequest, body: CompletionRequest | ChatCompletionRequest,
-                      chat: bool) -> Response:
-        rid = live.request.request_id
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
-        created = int(time.time())
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(sse(live, ident, created, chat, include_usage),
-                                     media_type="text/event-stream")
-        text, reason = [], ""
-        while True:
-            kind, value = await live.events.get()
-            if kind == "text":
-                text.append(value)
-            elif kind == "done":
-                reason = value
-                break
-            else:
-                raise APIError(live.error_status or 503, f"request failed: {value}",
-                               kind=live.error_type or "server_error")
-        content = "".join(text)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": content}
-        else:
-            choice.update(text=content, logprobs=None)
-        return JSONResponse({"id": ident, "object": "chat.completion" if chat
-                             else "text_completion", "created": created, "model": model_name,
-                             "choices": [choice], "usage": usage(live)})
-
-    def usage(live: LiveRequest) -> dict[str, int]:
-        prompt, completion = live.request.input_tokens, live.tokens_sent
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
-
-    async def sse(live: LiveRequest, ident: str, created: int, chat: bool,
-                  include_usage: bool) -> AsyncIterator[str]:
-        kind_name = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(delta: str | None, reason: str | None, role: bool = False) -> str:
-            if chat:
-                content: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
-                    {} if delta is None else {"content": delta})
-                choice = {"index": 0, "delta": content, "finish_reason": reason}
-            else:
-                choice = {"index": 0, "text": delta or "", "finish_reason": reason,
-                          "logprobs": None}
-            return "data: " + json.dumps({"id": ident, "object": kind_name, "created": created,
-                                          "model": model_name, "choices": [choice]}) + "\n\n"
-
-        finished = False
-        try:
-            if chat:
-                yield chunk(None, None, role=True)
-            while True:
-                kind, value = await live.events.get()
-                if kind == "text":
-                    yield chunk(value, None)
-                elif kind == "done":
-                    finished = True
-                    yield chunk(None, value)
-                    if include_usage:
-                        yield "data: " + json.dumps({
-                            "id": ident, "object": kind_name, "created": created,
-                            "model": model_name, "choices": [], "usage": usage(live)}) + "\n\n"
-                    break
-                else:
-                    finished = True
-                    yield "data: " + json.dumps({"error": {
-                        "message": f"request failed: {value}",
-                        "type": live.error_type or "server_error",
-                        "param": None, "code": None}}) + "\n\n"
-                    break
-            yield "data: [DONE]\n\n"
-        finally:
-            if not finished:  # the client went away
-                driver.cancel(live.request.request_id)
+        body = await read_body(request, settings.max_body_bytes)
+        prepared = await asyncio.to_thread(prepare_chat, body, name, driver.tokenizer, limits,
+                                           settings.chat_template)
+        return await respond(request, prepared, chat=True)
 
     return app

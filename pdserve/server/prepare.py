@@ -1,0 +1,104 @@
+"""A request body (bytes) -> `Prepared`: checked prompts and one `SamplingParams` per choice.
+
+Runs in a worker thread (JSON parsing, pydantic, tokenisation), never on the event loop.
+Choices are indexed across prompts x n: choice `p * n + i` is sample i of prompt p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.tokenizer import TextTokenizer
+from pdserve.server.body import parse_json_object
+from pdserve.server.chat_template import ChatTemplate, check_chat_unsupported, flatten_messages
+from pdserve.server.errors import APIError
+from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
+from pdserve.server.validation import (
+    Limits,
+    check_choices,
+    check_completion_unsupported,
+    check_token_ids,
+    completion_prompts,
+    encode_prompts,
+    max_tokens_for,
+    parse_model,
+    sampling_params,
+    split_prompts,
+)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    prompts: list[list[int]]
+    params: list[SamplingParams]  # one per choice: len(prompts) * n
+    n: int
+    stream: bool
+    include_usage: bool  # a final usage chunk
+    continuous_usage: bool  # usage on every chunk
+    echo_texts: list[str] | None  # completions with echo: each prompt's text
+    logprobs: bool
+
+    def prompt_of(self, choice: int) -> int:
+        return choice // self.n
+
+
+def _check_model(name: str, served: str) -> None:
+    if name != served:
+        raise APIError(404, f"model {name!r} does not exist; this server serves {served!r}",
+                       "model", "not_found_error")
+
+
+def _stream_flags(body: CompletionRequest | ChatCompletionRequest) -> tuple[bool, bool, bool]:
+    stream = bool(body.stream)
+    options = body.stream_options
+    if options is not None and not stream:
+        raise APIError(400, "stream_options needs stream: true", "stream_options")
+    include = bool(options and options.include_usage)
+    return stream, include, include and bool(options and options.continuous_usage_stats)
+
+
+def prepare_completion(raw_body: bytes, served: str, tokenizer: TextTokenizer,
+                       limits: Limits) -> Prepared:
+    body: CompletionRequest = parse_model(parse_json_object(raw_body), CompletionRequest)
+    _check_model(body.model, served)
+    check_completion_unsupported(body)
+    n = body.n or 1
+    stream, include_usage, continuous = _stream_flags(body)
+    prompts = completion_prompts(body, tokenizer, limits)
+    check_choices(len(prompts), n)
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    params = []
+    for ids in prompts:
+        max_tokens_for(max_tokens, len(ids), limits, "max_tokens")
+        params += sampling_params(body, max_tokens, body.logprobs, limits)
+    echo = None
+    if body.echo:
+        originals = split_prompts(body.prompt)
+        echo = [text if isinstance(text, str) else tokenizer.decode(ids)
+                for text, ids in zip(originals, prompts, strict=True)]
+    return Prepared(prompts, params, n, stream, include_usage, continuous, echo,
+                    body.logprobs is not None)
+
+
+def prepare_chat(raw_body: bytes, served: str, tokenizer: TextTokenizer, limits: Limits,
+                 template: ChatTemplate) -> Prepared:
+    body: ChatCompletionRequest = parse_model(parse_json_object(raw_body),
+                                              ChatCompletionRequest)
+    _check_model(body.model, served)
+    check_chat_unsupported(body)
+    n = body.n or 1
+    stream, include_usage, continuous = _stream_flags(body)
+    text = template.render(flatten_messages(body.messages))
+    [ids] = encode_prompts(tokenizer, [text], limits, "messages")
+    check_token_ids(ids, limits, "messages")
+    check_choices(1, n)
+    if body.max_completion_tokens is not None:
+        max_tokens = max_tokens_for(body.max_completion_tokens, len(ids), limits,
+                                    "max_completion_tokens")
+    else:
+        max_tokens = max_tokens_for(body.max_tokens, len(ids), limits, "max_tokens")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = sampling_params(body, max_tokens, logprobs, limits)
+    return Prepared([ids], params, n, stream, include_usage, continuous, None,
+                    logprobs is not None)

@@ -1,0 +1,212 @@
+"""From a parsed request body to what the driver runs: checked prompts and `SamplingParams`.
+
+Everything here runs in a worker thread (tokenisation releases the GIL), so a long prompt
+does not stall other streams. Every refusal is an `APIError(400)` naming the field:
+token ids outside the vocabulary, a prompt plus `max_tokens` beyond the context, seeds
+outside 0..2^63-1, unsupported fields (`tools`, `response_format` other than text,
+`suffix`, non-text content parts, `echo` with `logprobs`). Sampling values at the edge of
+what the engine can compute are clamped: a temperature or `top_p` below `GREEDY_BELOW`
+means greedy, `top_k` of -1 or at least the vocabulary means off.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.tokenizer import TextTokenizer
+from pdserve.server.errors import APIError
+from pdserve.server.schemas import MAX_SEED, ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger("pdserve.server")
+
+GREEDY_BELOW = 1e-5  # a temperature or top_p below this samples the most likely token
+MAX_CHOICES = 64  # prompts x n in one request
+_TOKEN_ID = re.compile(r"-?[0-9]{1,12}")
+_warned_fields: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Limits:
+    context_tokens: int
+    vocab_size: int
+
+
+def parse_model(raw: dict[str, Any], schema: type[BaseModel]) -> Any:
+    try:
+        body = schema.model_validate(raw)
+    except ValidationError as err:
+        raise schema_error(err) from err
+    extra = sorted(body.model_extra or {})
+    new = [name for name in extra if f"{schema.__name__}.{name}" not in _warned_fields]
+    if new:
+        _warned_fields.update(f"{schema.__name__}.{name}" for name in new)
+        log.warning("ignoring unknown %s field(s): %s (logged once per field)",
+                    schema.__name__, ", ".join(new))
+    return body
+
+
+def schema_error(err: ValidationError) -> APIError:
+    """The most specific error about the first field that failed, as a 400."""
+    errors = err.errors(include_url=False)
+    field = errors[0]["loc"][0] if errors[0]["loc"] else None
+    same = [e for e in errors if e["loc"] and e["loc"][0] == field] or errors
+    chosen = max(same, key=lambda e: len(e["loc"]))
+    path = ".".join(str(part) for part in chosen["loc"] if not _is_union_tag(part))
+    shown = repr(chosen.get("input"))
+    detail = f" (got {shown[:60]})" if chosen["type"] != "missing" else ""
+    return APIError(400, f"{path}: {chosen['msg']}{detail}", path or None)
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and ("[" in part or part in {
+        "str", "int", "float", "bool", "TextPart", "StreamOptions"})
+
+
+def encode_prompts(tokenizer: TextTokenizer, texts: list[str], limits: Limits,
+                   param: str) -> list[list[int]]:
+    """Tokenise; a text too long to fit the context is refused before tokenising it."""
+    for text in texts:
+        if len(text) > limits.context_tokens * tokenizer.max_token_bytes:
+            raise APIError(400, f"{param}: {len(text)} characters cannot fit the context of "
+                           f"{limits.context_tokens} tokens", param)
+    return tokenizer.encode_batch(texts)
+
+
+def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:
+    if not ids:
+        raise APIError(400, f"{param}: the prompt is empty", param)
+    low, high = min(ids), max(ids)
+    bad = low if low < 0 else high
+    if low < 0 or high >= limits.vocab_size:
+        raise APIError(400, f"{param}: token id {bad} is outside the vocabulary "
+                       f"(0..{limits.vocab_size - 1})", param)
+
+
+def _token_ids(value: Any) -> list[int] | None:
+    """`value` as token ids (integral floats such as 3.0 included), or None."""
+    if not isinstance(value, list):
+        return None
+    if all(type(item) is int for item in value):
+        return value
+    if all(type(item) is int or (type(item) is float and item.is_integer()) for item in value):
+        return [int(item) for item in value]
+    return None
+
+
+def split_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
+    """The prompts of a completion request: one text, one token list, or a list of texts
+    or of token lists (not mixed), checked element by element."""
+    if isinstance(prompt, str) or (prompt and type(prompt[0]) in (int, float)):
+        prompts: list[Any] = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise APIError(400, "prompt: the list of prompts is empty", "prompt")
+    if all(isinstance(p, str) for p in prompts):
+        return prompts
+    ids = [_token_ids(p) for p in prompts]
+    if any(p is None for p in ids):
+        raise APIError(400, "prompt: must be a string, a list of token ids (integers), or a "
+                       "list of strings or of token-id lists", "prompt")
+    return ids  # type: ignore[return-value]
+
+
+def completion_prompts(body: CompletionRequest, tokenizer: TextTokenizer,
+                       limits: Limits) -> list[list[int]]:
+    prompts = split_prompts(body.prompt)
+    texts = [(i, p) for i, p in enumerate(prompts) if isinstance(p, str)]
+    encoded = encode_prompts(tokenizer, [p for _, p in texts], limits, "prompt")
+    for (i, _), ids in zip(texts, encoded, strict=True):
+        prompts[i] = ids
+    for i, ids in enumerate(prompts):
+        check_token_ids(ids, limits, "prompt" if len(prompts) == 1 else f"prompt.{i}")
+    return prompts
+
+
+def check_completion_unsupported(body: CompletionRequest) -> None:
+    if body.suffix:
+        raise APIError(400, "suffix: not supported (no fill-in-the-middle)", "suffix")
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo with logprobs is not supported (prompt logprobs are not "
+                       "computed)", "echo")
+    if body.best_of is not None and body.best_of != (body.n or 1):
+        raise APIError(400, f"best_of: only best_of equal to n ({body.n or 1}) is supported, "
+                       f"got {body.best_of}", "best_of")
+
+
+def max_tokens_for(requested: int | None, prompt_tokens: int, limits: Limits,
+                   param: str) -> int:
+    """`requested`, or (None) whatever the context leaves; refused past the context."""
+    room = limits.context_tokens - prompt_tokens
+    if requested is None:
+        if room < 1:
+            raise APIError(400, f"the prompt ({prompt_tokens} tokens) leaves no room in the "
+                           f"context of {limits.context_tokens} tokens", "messages")
+        return room
+    if requested > room:
+        raise APIError(400, f"prompt ({prompt_tokens} tokens) plus {param} ({requested}) "
+                       f"exceeds the context length {limits.context_tokens}", param)
+    return requested
+
+
+def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens: int,
+                    logprobs: int | None, limits: Limits) -> list[SamplingParams]:
+    """One `SamplingParams` per choice (n of them); a seed s gives choices s, s+1, ..."""
+    n = body.n or 1
+    temperature = 1.0 if body.temperature is None else body.temperature
+    top_p = 1.0 if body.top_p is None else body.top_p
+    if temperature < GREEDY_BELOW or top_p < GREEDY_BELOW:
+        temperature, top_p = 0.0, 1.0
+    top_k = body.top_k or 0
+    if top_k < 0 or top_k >= limits.vocab_size:
+        top_k = 0
+    min_tokens = body.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})",
+                       "min_tokens")
+    if body.seed is not None and body.seed + n - 1 > MAX_SEED:
+        raise APIError(400, f"seed: with n={n} the seeds {body.seed}..{body.seed + n - 1} "
+                       f"exceed {MAX_SEED}", "seed")
+    stop = body.stop if isinstance(body.stop, list) else [body.stop or ""]
+    common = dict(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logit_bias=logit_bias(body.logit_bias, limits), min_tokens=min_tokens,
+        logprobs=logprobs, stop=tuple(s for s in stop if s), ignore_eos=bool(body.ignore_eos))
+    try:
+        return [SamplingParams(seed=None if body.seed is None else body.seed + i, **common)
+                for i in range(n)]
+    except ValueError as err:  # the engine's own check, a second line of defence
+        raise APIError(400, str(err)) from err
+
+
+def logit_bias(raw: dict[str, float] | None, limits: Limits) -> tuple[tuple[int, float], ...]:
+    if not raw:
+        return ()
+    biases = {}
+    for key, value in raw.items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise APIError(400, f"logit_bias: key {key[:40]!r} is not a token id", "logit_bias")
+        token = int(key)
+        if not 0 <= token < limits.vocab_size:
+            raise APIError(400, f"logit_bias: token id {token} is outside the vocabulary "
+                           f"(0..{limits.vocab_size - 1})", "logit_bias")
+        if not -100 <= value <= 100:
+            raise APIError(400, f"logit_bias: the bias of token {token} must be in "
+                           f"[-100, 100], got {value}", "logit_bias")
+        biases[token] = float(value)
+    return tuple(sorted(biases.items()))
+
+
+def check_choices(prompts: int, n: int) -> None:
+    if prompts * n > MAX_CHOICES:
+        raise APIError(400, f"{prompts} prompts x n={n} is more than {MAX_CHOICES} choices "
+                       "in one request", "n")

@@ -1,0 +1,113 @@
+"""`pdserve serve` options and start-up: served name, context cap, chat template, API key
+from the environment, log lines, a profile that fits a short context, bench's warning."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from conftest import make_perf
+from engine_helpers import save_hf_model
+from fastapi.testclient import TestClient
+from server_helpers import running_server
+
+from pdserve.cli import main
+from pdserve.engine.profile import QUICK_GRID, fit_grid_to_context, profile_engine
+from pdserve.server.chat_template import ChatTemplate
+from pdserve.server.launch import ServeConfig, build_app
+
+USER = [{"role": "user", "content": "Hi"}]
+
+
+def test_profile_fits_a_checkpoint_with_a_short_context(tmp_path):
+    save_hf_model("llama", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["max_position_embeddings"] = 600  # under the grid's 256 prior + 512 new tokens
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = profile_engine(str(tmp_path), 64, QUICK_GRID)
+    assert model.prefill.per_token_s > 0 and model.decode.intercept_s > 0
+    fitted = fit_grid_to_context(QUICK_GRID, 600)
+    assert fitted.prior_tokens == (0, 256) and fitted.prefill_tokens == (16, 128, 512)
+    assert fit_grid_to_context(QUICK_GRID, 100).prefill_tokens == (16,)
+    with pytest.raises(ValueError, match="too short to profile"):
+        fit_grid_to_context(QUICK_GRID, 10)
+
+
+def offline_app(tmp_path, **options):
+    """The app without its workers started (no lifespan): routes up to admission."""
+    perf = tmp_path / "perf.json"
+    make_perf().save(perf)
+    return build_app(ServeConfig(perf_model=str(perf), instances=1, **options))
+
+
+def test_served_name_context_cap_and_chat_template(tmp_path):
+    template = tmp_path / "chat.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m.role == 'system' %}"
+        "{{ raise_exception('this template takes no system message') }}{% endif %}"
+        "[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]"
+        "{% endif %}")
+    client = TestClient(offline_app(tmp_path, served_model_name="my-model", max_model_len=100,
+                                    chat_template=str(template)))
+    card = client.get("/v1/models").json()["data"][0]
+    assert card["id"] == "my-model" and card["max_model_len"] == 100
+    unknown = client.post("/v1/chat/completions", json={"model": "tiny", "messages": USER})
+    assert unknown.status_code == 404
+    too_long = client.post("/v1/chat/completions", json={
+        "model": "my-model", "messages": USER, "max_tokens": 100})
+    assert too_long.status_code == 400
+    assert "exceeds the context length 100" in too_long.json()["error"]["message"]
+    refused = client.post("/v1/chat/completions", json={
+        "model": "my-model", "messages": [{"role": "system", "content": "x"}, *USER]})
+    assert refused.status_code == 400
+    assert "takes no system message" in refused.json()["error"]["message"]
+    rendered = ChatTemplate.from_file(template).render([{"role": "user", "content": "Hi"}])
+    assert rendered == "[user]Hi[assistant]"
+
+
+def test_bad_serve_options_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="exceeds the model's context of 8192"):
+        offline_app(tmp_path, max_model_len=10_000)
+    with pytest.raises(ValueError, match="no such file"):
+        offline_app(tmp_path, chat_template=str(tmp_path / "missing.jinja"))
+    with pytest.raises(ValueError, match="does not parse"):
+        ChatTemplate("{% for %}")
+
+
+def test_serve_takes_the_api_key_from_the_environment(tmp_path, monkeypatch):
+    import uvicorn
+
+    import pdserve.server.launch as launch
+
+    seen = {}
+    monkeypatch.setenv("PDSERVE_API_KEY", "from-env")
+    monkeypatch.setattr(launch, "build_app", lambda config: seen.update(config=config))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(kwargs))
+    assert main(["serve", "--served-model-name", "m", "--max-model-len", "512",
+                 "--max-body-bytes", "1000", "--log-level", "warning"]) == 0
+    config = seen["config"]
+    assert (config.api_key, config.served_model_name, config.max_model_len,
+            config.max_body_bytes) == ("from-env", "m", 512, 1000)
+    assert seen["log_level"] == "warning"
+    assert main(["serve", "--api-key", "flag"]) == 0
+    assert seen["config"].api_key == "flag"
+
+
+def test_start_up_logs_each_step(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pdserve")
+    with running_server(tmp_path, instances=2, policy="static-pd", prefill=1, decode=1):
+        pass
+    text = caplog.text
+    assert "model tiny: context 8192 tokens, vocabulary 2048" in text
+    assert "performance model loaded from" in text
+    assert "workers up in" in text and "0: prefill (pid" in text and "1: decode (pid" in text
+    assert "serving 'tiny'" in text
+
+
+def test_bench_warns_when_its_window_holds_a_handful_of_requests(capsys):
+    # nothing listens on port 9: the one request fails at once; the warning is the point
+    main(["bench", "--url", "http://127.0.0.1:9", "--model", "tiny", "--duration", "30",
+          "--rate-scale", "0.05", "--timeout", "5"])
+    err = capsys.readouterr().err
+    assert "warning: the window holds only 1 request(s)" in err
