@@ -36,6 +36,8 @@ class FakeLive:
     request: FakeRequest
     tokens_sent: int
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    error_status: int = 0  # the driver's verdict: 0 until a failure sets it
+    error_type: str = ""
 
 
 class FakeDriver:
