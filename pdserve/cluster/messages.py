@@ -71,8 +71,11 @@ class Reject:
 
 @dataclass(frozen=True, slots=True)
 class SetRole:
+    """`instance_id` now takes the work of `role`; `reason` says which rule decided it."""
+
     instance_id: int
     role: Role
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

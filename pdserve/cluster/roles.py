@@ -46,12 +46,13 @@ class RoleBoard:
         for members in self._lists_of(role):
             members.remove(instance_id)
 
-    def set_role(self, instance_id: int, role: Role) -> None:
+    def set_role(self, instance_id: int, role: Role, reason: str = "") -> None:
+        """Change a role; `reason` (the rule that decided it) travels on the `SetRole`."""
         old = self.roles[instance_id]
         if old is role:
             return
         self.roles[instance_id] = role
-        self._changes.append(SetRole(instance_id, role))
+        self._changes.append(SetRole(instance_id, role, reason))
         if instance_id not in self.failed:
             self._remove(instance_id, old)
             self._add(instance_id, role)

@@ -17,6 +17,7 @@ left, requests fail with an error. Admission is bounded: past `max_outstanding` 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -60,6 +61,8 @@ from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
+
+_log = logging.getLogger(__name__)
 
 
 class Overloaded(Exception):
@@ -160,6 +163,8 @@ class LiveDriver:
                     self._fail(live, action.reason)
             elif isinstance(action, SetRole):
                 self.metrics.count("flips")
+                _log.info("instance %d -> %s: %s", action.instance_id, action.role.value,
+                          action.reason)
             elif isinstance(action, SetChunkSize):
                 self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
             elif isinstance(action, Migrate):

@@ -69,6 +69,7 @@ class RoleChange:
     time_s: float
     instance_id: int
     role: Role
+    reason: str = ""  # the policy rule that decided it (`SetRole.reason`)
 
 
 @dataclass
@@ -172,7 +173,8 @@ class Simulator:
                 self._outstanding -= 1
                 self._completed += 1
             elif type(action) is SetRole:
-                self._role_changes.append(RoleChange(now, action.instance_id, action.role))
+                self._role_changes.append(RoleChange(now, action.instance_id, action.role,
+                                                    action.reason))
             elif type(action) is SetChunkSize:
                 instance = self.instances[action.instance_id]
                 self._touch(instance)
