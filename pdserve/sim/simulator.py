@@ -254,6 +254,8 @@ class Simulator:
         target = self.instances[request.decode_instance]
         self._touch(source)
         source.local.release_handoff(request)
+        if source.local.transfer_queue:  # the freed blocks may admit KV waiting to come in
+            self._start_transfers(source)
         self._touch(target)
         target.local.transfer_done(request)
 
