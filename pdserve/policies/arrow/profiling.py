@@ -2,9 +2,13 @@
 
 TTFT predictor: at cluster start each instance type is profiled with single requests of
 several input lengths on an idle instance, and TTFT = a + b*n + c*n^2 is fitted by least
-squares. In the simulator the "measurement" runs one request through the shared local
-scheduler and the performance model (so chunking is included); in the live world the same
-fit takes measured samples.
+squares. The lengths double from 16 up to the longest prompt an instance can serve (the
+model's context, `MAX_CONTEXT_TOKENS`, or the instance's KV capacity if smaller), so no
+prompt of a trace is predicted by extrapolation. What remains is the chunk staircase: with
+chunked prefill each chunk adds one batch overhead, which a quadratic can only average.
+In the simulator the "measurement" runs one request through the shared local scheduler
+and the performance model (so chunking is included); in the live world the same fit takes
+measured samples.
 An instance's predicted prefill queueing delay is the predicted remaining time of every
 prefill on it. A request with p of its n tokens done is charged one more batch's overhead plus
 the rest of the curve: a + b*(n - p) + c*(n - p)*(n + p). Summed, that is
@@ -25,7 +29,26 @@ from pdserve.perf.fit import fit_prefill
 from pdserve.perf.fitted import PerfModel, PrefillCoeffs
 from pdserve.types import KV_BLOCK_TOKENS, Request
 
-PROFILE_LENGTHS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+MAX_CONTEXT_TOKENS = 131_072  # 128K: Llama 3.1, Qwen2.5 and Qwen3 (with YaRN), R1 distills
+MIN_PROFILE_TOKENS = 16
+
+
+def profile_lengths(max_tokens: int) -> list[int]:
+    """16, 32, 64, ... doubling below `max_tokens`, then `max_tokens` itself."""
+    if max_tokens < MIN_PROFILE_TOKENS:
+        raise ValueError(f"cannot profile TTFT up to {max_tokens} tokens (fewer than "
+                         f"{MIN_PROFILE_TOKENS})")
+    lengths, n = [], MIN_PROFILE_TOKENS
+    while n < max_tokens:
+        lengths.append(n)
+        n *= 2
+    return [*lengths, max_tokens]
+
+
+def longest_prompt_tokens(perf: PerfModel, max_context_tokens: int = MAX_CONTEXT_TOKENS) -> int:
+    """The longest prompt one instance serves: the model's context, less one token of
+    output, within the instance's KV capacity."""
+    return min(max_context_tokens, perf.kv_capacity_tokens) - 1
 
 
 class TtftPredictor:
@@ -47,9 +70,12 @@ class TtftPredictor:
 
 
 def profile_ttft(perf: PerfModel, chunk_size_tokens: int,
-                 lengths: Iterable[int] = PROFILE_LENGTHS) -> list[tuple[int, float]]:
-    """TTFT of single requests on an idle simulated instance: (input length, seconds)."""
+                 lengths: Iterable[int] | None = None) -> list[tuple[int, float]]:
+    """TTFT of single requests on an idle simulated instance: (input length, seconds);
+    by default at `profile_lengths(longest_prompt_tokens(perf))`."""
     total_blocks = perf.kv_capacity_tokens // KV_BLOCK_TOKENS
+    if lengths is None:
+        lengths = profile_lengths(longest_prompt_tokens(perf))
     samples = []
     for n in lengths:
         if n + 1 > perf.kv_capacity_tokens:
