@@ -169,10 +169,11 @@ def test_ttft_profile_covers_the_context_range_and_predicts_long_prompts():
     predictor = TtftPredictor.fit(profile_ttft(perf, 2048))
     up_to_16k = TtftPredictor.fit(profile_ttft(perf, 2048, [n for n in lengths if n <= 16384]))
     truth = profile_ttft(perf, 2048, [1_000, 3_000, 10_000, 30_000, 60_000, 100_000, 131_071])
-    for n, seconds in truth:
-        assert predictor.ttft_s(n) == pytest.approx(seconds, rel=0.08), n
+    for n, seconds in truth:  # within 20 ms everywhere, and 1 % from 3K tokens on
+        assert predictor.ttft_s(n) == pytest.approx(seconds, abs=0.02), n
+        assert n < 3_000 or predictor.ttft_s(n) == pytest.approx(seconds, rel=0.01), n
     # a profile that stops at 16K over-predicts long prompts
-    assert up_to_16k.ttft_s(100_000) > 1.15 * dict(truth)[100_000]
+    assert up_to_16k.ttft_s(100_000) > 1.05 * dict(truth)[100_000]
 
 
 # ---- reasons, in a simulated run ----

@@ -4,8 +4,9 @@ TTFT predictor: at cluster start each instance type is profiled with single requ
 several input lengths on an idle instance, and TTFT = a + b*n + c*n^2 is fitted by least
 squares. The lengths double from 16 up to the longest prompt an instance can serve (the
 model's context, `MAX_CONTEXT_TOKENS`, or the instance's KV capacity if smaller), so no
-prompt of a trace is predicted by extrapolation. What remains is the chunk staircase: with
-chunked prefill each chunk adds one batch overhead, which a quadratic can only average.
+prompt of a trace is predicted by extrapolation, and the fit minimises absolute error (see
+`TtftPredictor.fit`). What remains is the chunk staircase: with chunked prefill each chunk
+adds one batch overhead, which a quadratic can only average.
 In the simulator the "measurement" runs one request through the shared local scheduler
 and the performance model (so chunking is included); in the live world the same fit takes
 measured samples.
@@ -23,9 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.stats import InstanceLoad
-from pdserve.perf.fit import fit_prefill
 from pdserve.perf.fitted import PerfModel, PrefillCoeffs
 from pdserve.types import KV_BLOCK_TOKENS, Request
 
@@ -57,8 +59,27 @@ class TtftPredictor:
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[int, float]]) -> TtftPredictor:
-        """Fit TTFT = a + b*n + c*n^2 to (input length, measured TTFT) samples."""
-        return cls(fit_prefill([(n, 0, seconds) for n, seconds in samples]))
+        """Fit TTFT = a + b*n + c*n^2 to (input length, measured TTFT) samples by ordinary
+        least squares, each coefficient >= 0. Absolute, not relative, error: Alg. 1 adds
+        predictions and compares the sum with the TTFT SLO, so a second on a long prompt
+        matters and a millisecond on a short one does not."""
+        data = np.asarray(samples, dtype=float)
+        if data.ndim != 2 or data.shape[1] != 2 or len(data) < 3:
+            raise ValueError("the TTFT fit needs at least 3 (input tokens, seconds) samples")
+        tokens, seconds = data.T
+        design = np.column_stack([np.ones_like(tokens), tokens, tokens * tokens])
+        kept = [0, 1, 2]
+        while True:  # pin a negative coefficient to 0 and refit the rest
+            solution, *_ = np.linalg.lstsq(design[:, kept], seconds, rcond=None)
+            if (solution >= 0).all():
+                break
+            kept.pop(int(np.argmin(solution)))
+        coeffs = np.zeros(3)
+        coeffs[kept] = solution
+        residual = seconds - design @ coeffs
+        total = float(((seconds - seconds.mean()) ** 2).sum())
+        r2 = 1.0 - float((residual ** 2).sum()) / total if total > 0 else 1.0
+        return cls(PrefillCoeffs(float(coeffs[0]), float(coeffs[1]), float(coeffs[2]), r2))
 
     def ttft_s(self, input_tokens: int) -> float:
         return self.coeffs.time_s(input_tokens, input_tokens * input_tokens)
