@@ -91,8 +91,8 @@ def test_alg2_never_undoes_an_alg1_flip_on_the_same_view():
             if moved is not None:
                 old_board.take_changes()
                 old_gate_flipbacks += flipped_back(view, old_board, old_context, moved)
-    assert flips >= 20  # the gate does let flips through
-    assert old_gate_flipbacks >= 5  # and the states include ones the old gate got wrong
+    assert flips >= 100  # the gate does let flips through (216)
+    assert old_gate_flipbacks >= 20  # the states include ones the old gate got wrong (44)
 
 
 def test_alg1_does_not_take_a_decode_instance_when_alg2_has_nowhere_to_send_decodes():
