@@ -54,7 +54,7 @@ def build(num_instances: int, overloaded: bool, seed: int = 0):
     return ClusterView(0.0, loads), RoleBoard(roles), context
 
 
-def time_calls(decide, board: RoleBoard) -> tuple[float, float]:
+def time_calls(decide, board: RoleBoard, context: ArrowContext) -> tuple[float, float]:
     samples = []
     clock = time.perf_counter_ns
     roles = list(board.roles)
@@ -66,6 +66,7 @@ def time_calls(decide, board: RoleBoard) -> tuple[float, float]:
             for i, role in enumerate(roles):
                 board.set_role(i, role)
             board.take_changes()
+            context.flipped_at_s.clear()  # and its dwell time
     samples.sort()
     return samples[len(samples) // 2] / 1000, samples[int(len(samples) * 0.99)] / 1000
 
@@ -81,7 +82,7 @@ def main() -> None:
             for name, decide in (
                     ("prefill", partial(prefill.route, request, view, board)),
                     ("decode", partial(decode.route, request, 0, view, board))):
-                median, p99 = time_calls(decide, board)
+                median, p99 = time_calls(decide, board, context)
                 print(f"{num_instances:>9} {path:>9} {name:>9} {median:>10.2f} {p99:>8.2f}")
 
 

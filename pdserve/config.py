@@ -55,6 +55,8 @@ class SimConfig:
     inter_node_link: str = "rdma-200g"  # rdma-100g/200g/400g, tcp-25g/100g, custom:GBps:us
     monitor_interval_s: float = 1.0
     monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
+    arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
+    arrow_monitor_cooldown_s: float = 5.0  # between two flips of Arrow's monitor rules
     # SLOs and goodput
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.15
@@ -75,6 +77,10 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"config field {name!r} must be positive, got {value!r}")
+        for name in ("arrow_min_dwell_s", "arrow_monitor_cooldown_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"config field {name!r} must not be negative, got "
+                                 f"{getattr(self, name)!r}")
         if self.start_s < 0:
             raise ValueError(f"config field 'start_s' must not be negative, got {self.start_s}")
         if self.instances_per_node < 0:

@@ -119,10 +119,11 @@ def test_alg1_flipped_instance_with_decodes_enters_d_to_p():
 
 
 def test_alg1_returns_t1_without_flipping_when_decode_load_is_high():
-    # 3 decode instances hold 25,000 tokens; two of them could hold 0.8 * 20,000
+    # without the least-loaded decode instance (8,500 tokens), Alg. 2's choice holds 8,500
+    # tokens, past 0.8 of the 10,000 Max Running Tokens
     view, board, context = make([P, P, D, D, D],
-                                [queued(1.5), queued(1.8), decoding(9_000), decoding(8_000),
-                                 decoding(8_000)])
+                                [queued(1.5), queued(1.8), decoding(9_000), decoding(8_500),
+                                 decoding(8_500)])
     assert ArrowPrefillRouter(context).route(PROMPT, view, board) == 0
     assert board.take_changes() == []
 
@@ -171,18 +172,18 @@ def test_alg2_prefers_instances_with_a_free_batch_slot():
 # ---- Algorithms 3 and 4, settling ----
 
 def test_alg3_never_flips_the_last_decode_capable_instance_and_prefers_p_to_d():
-    view, board, _ = make([P, D], [IDLE, IDLE])
-    assert try_move_decode_to_prefill(view, board) is None
-    view, board, _ = make([P, D, PD, D], [IDLE, decoding(10), decoding(500), IDLE])
-    assert try_move_decode_to_prefill(view, board) == 2
+    view, board, context = make([P, D], [IDLE, IDLE])
+    assert try_move_decode_to_prefill(view, board, context, "test") is None
+    view, board, context = make([P, D, PD, D], [IDLE, decoding(10), decoding(500), IDLE])
+    assert try_move_decode_to_prefill(view, board, context, "test") == 2
     assert board.roles[2] is DP
 
 
 def test_alg4_never_flips_the_last_prefill_capable_instance_and_prefers_d_to_p():
-    view, board, _ = make([DP, D], [IDLE, IDLE])
-    assert try_move_prefill_to_decode(view, board, PREDICTOR) is None
-    view, board, _ = make([P, DP, DP, D], [IDLE, queued(1.0), queued(0.4), IDLE])
-    assert try_move_prefill_to_decode(view, board, PREDICTOR) == 2
+    view, board, context = make([DP, D], [IDLE, IDLE])
+    assert try_move_prefill_to_decode(view, board, context, "test") is None
+    view, board, context = make([P, DP, DP, D], [IDLE, queued(1.0), queued(0.4), IDLE])
+    assert try_move_prefill_to_decode(view, board, context, "test") == 2
     assert board.roles[2] is PD
 
 
@@ -217,7 +218,7 @@ def test_monitor_moves_an_idle_prefill_instance_to_a_busy_decode_pool():
     manager = ArrowRoleManager(context, prefill=2, decode=1)
     tick(view, manager, board, 0.0)  # 6,000 tokens >= half of 10,000 Max Running Tokens
     assert board.roles == [P, D, D]
-    tick(view, manager, board, 1.0)
+    tick(view, manager, board, 10.0)  # past the monitor's cooldown
     assert board.roles == [P, D, D]  # the last prefill-capable instance stays
 
 

@@ -79,7 +79,7 @@ def test_fast_advance_equals_step_by_step_while_arrow_flips_instances():
     """Arrow reads windowed token intervals and mid-span loads to flip instances."""
     result, requests = assert_fast_equals_stepwise("arrow", SLO(0.2, 0.06), prefill=3,
                                                    decode=3)
-    assert result.flips >= 20
+    assert result.flips >= 10  # with 5 s dwell and monitor cooldown, in a 25 s run
     assert sum(r.preemptions for r in requests) > 0
 
 

@@ -99,3 +99,23 @@ def plot_pool_sizes(path: Path, times_s: Sequence[float], roles: Sequence[Sequen
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_slo_sweep(path: Path, panels: dict[str, dict[str, list[tuple[float, float]]]],
+                   xlabel: str = "TPOT SLO (ms)", ylabel: str = "goodput (req/s)") -> None:
+    """One panel per workload: goodput against an SLO, one line per policy.
+    `panels[workload][policy]` is a list of (SLO, goodput) points."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (title, curves) in zip(axes[0], panels.items(), strict=True):
+        for label, points in curves.items():
+            xs, ys = zip(*sorted(points), strict=True)
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

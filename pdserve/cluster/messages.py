@@ -79,6 +79,8 @@ class Reject:
 
 @dataclass(frozen=True, slots=True)
 class SetRole:
+    """`instance_id` now takes the work of `role`; `reason` says which rule decided it."""
+
     instance_id: int
     role: Role
     reason: str = field(default="", compare=False)

@@ -47,6 +47,7 @@ class RoleBoard:
             members.remove(instance_id)
 
     def set_role(self, instance_id: int, role: Role, reason: str = "") -> None:
+        """Change a role; `reason` (the rule that decided it) travels on the `SetRole`."""
         old = self.roles[instance_id]
         if old is role:
             return

@@ -185,9 +185,8 @@ class LiveDriver(Failover):
                 self.metrics.count("flips")
                 self.role_changes.append((time.time(), action.instance_id, action.role.value,
                                           action.reason))
-                if action.reason:
-                    log.warning("instance %d -> %s: %s", action.instance_id,
-                                action.role.value, action.reason)
+                log.info("instance %d -> %s: %s", action.instance_id, action.role.value,
+                         action.reason)
             elif isinstance(action, SetChunkSize):
                 self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
             elif isinstance(action, Migrate):

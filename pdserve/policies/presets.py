@@ -44,6 +44,8 @@ class PolicySetup:
     chunk_size_tokens: int = 2048
     max_batch_size: int = 256
     monitor_window_s: float = 5.0
+    arrow_min_dwell_s: float = 5.0
+    arrow_monitor_cooldown_s: float = 5.0
     prefill_router: str = ""  # "" keeps the preset's
     decode_router: str = ""
 
@@ -55,7 +57,8 @@ def arrow_context(setup: PolicySetup) -> ArrowContext:
         predictor=TtftPredictor.fit(samples), monitor=InstanceMonitor(setup.monitor_window_s),
         max_running_tokens=max_running_tokens(setup.perf, setup.slo.tpot_s,
                                               setup.max_batch_size),
-        max_batch_size=setup.max_batch_size)
+        max_batch_size=setup.max_batch_size, min_dwell_s=setup.arrow_min_dwell_s,
+        monitor_cooldown_s=setup.arrow_monitor_cooldown_s)
 
 
 @dataclass(frozen=True)

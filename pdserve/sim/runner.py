@@ -93,7 +93,9 @@ class Experiment:
             self.perf, self.slo, instances=config.instances, prefill=config.prefill,
             decode=config.decode, chunk_size_tokens=config.chunk_size_tokens,
             max_batch_size=config.max_batch_size, monitor_window_s=config.monitor_window_s,
-            prefill_router=config.prefill_router, decode_router=config.decode_router))
+            prefill_router=config.prefill_router, decode_router=config.decode_router,
+            arrow_min_dwell_s=config.arrow_min_dwell_s,
+            arrow_monitor_cooldown_s=config.arrow_monitor_cooldown_s))
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
                                config.transfer_calls, config.monitor_interval_s, max_span_steps)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)

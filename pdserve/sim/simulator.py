@@ -77,6 +77,7 @@ class RoleChange:
     time_s: float
     instance_id: int
     role: Role
+    reason: str = ""  # the policy rule that decided it (`SetRole.reason`)
 
 
 @dataclass
@@ -196,7 +197,8 @@ class Simulator:
                 self._outstanding -= 1
                 self._completed += 1
             elif type(action) is SetRole:
-                self._role_changes.append(RoleChange(now, action.instance_id, action.role))
+                self._role_changes.append(RoleChange(now, action.instance_id, action.role,
+                                                    action.reason))
             elif type(action) is SetChunkSize:
                 instance = self.instances[action.instance_id]
                 self._touch(instance)
@@ -315,6 +317,8 @@ class Simulator:
         target = self.instances[request.decode_instance]
         self._touch(source)
         source.local.release_handoff(request)
+        if source.local.transfer_queue:  # the freed blocks may admit KV waiting to come in
+            self._start_transfers(source)
         self._touch(target)
         target.local.transfer_done(request)
 

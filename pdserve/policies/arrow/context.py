@@ -1,22 +1,35 @@
-"""What Arrow's components share: SLOs, the TTFT predictor, the monitor, the load tests.
+"""What Arrow's components share: SLOs, the TTFT predictor, the monitor, the load tests, and
+when each instance last changed side.
 
 Decode load measures (Arrow sec. 5.3 and 5.5; the paper names them, pdserve defines them):
   an instance can take a decode      its running plus incoming decode tokens are within Max
                                      Running Tokens, its recent token interval within the
                                      TPOT SLO (Alg. 2) and it has a free batch slot (the
                                      batch-size cap the paper's profiling implies; added)
-  decode load is low (Alg. 1 gate)   the decode pool minus one instance could hold today's
-                                     decode tokens within LOW_FRACTION of their Max Running
-                                     Tokens, and the pool's token interval is within
-                                     LOW_FRACTION of the TPOT SLO
+  decode load is low (Alg. 1 gate)   without the instance Alg. 3 would take, Alg. 2's own
+                                     choice (t1, else t2) could still take a decode within
+                                     LOW_FRACTION of those limits
   decode is busy (idle-prefill rule) the pool holds BUSY_FRACTION of its Max Running Tokens,
                                      or its token interval is BUSY_FRACTION of the TPOT SLO
+
+Why the Alg. 1 gate is per instance: the paper's decode load is an instance's running tokens
+and token interval (sec. 5.3, Alg. 2), and its overload rule (sec. 5.5) "checks the load on
+the decode instance" before a flip, to keep instance allocation from oscillating. A gate on
+the pool's sum can pass while Alg. 2's least-loaded instance is past its limits, and then
+the next decode dispatch flips an instance straight back (Alg. 4 prefers the D->P instance
+just made). Stated in Alg. 2's terms, a flip Alg. 1 makes leaves Alg. 2 an instance it
+accepts, so Alg. 2 does not undo it on the same view.
+
+Flip damping (pdserve's, not the paper's): an instance stays at least `min_dwell_s` on the
+side it was moved to (Alg. 3 and 4 skip it), and the monitor's own flips (sec. 5.5 rules 2
+and 3) wait `monitor_cooldown_s` after the last one, because the windowed token interval
+they read still holds pre-flip steps for one window.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.cluster.messages import ClusterView
 from pdserve.cluster.monitor import InstanceMonitor
@@ -36,35 +49,69 @@ class ArrowContext:
     max_batch_size: int
     low_fraction: float = 0.8
     busy_fraction: float = 0.5
+    min_dwell_s: float = 5.0
+    monitor_cooldown_s: float = 5.0
+    flipped_at_s: dict[int, float] = field(default_factory=dict)  # last side change
+    monitor_flipped_at_s: float = float("-inf")
 
     def __post_init__(self) -> None:
         if not 0 < self.busy_fraction <= 1 or not 0 < self.low_fraction <= 1:
             raise ValueError("arrow low_fraction and busy_fraction must be in (0, 1]")
+        if self.min_dwell_s < 0 or self.monitor_cooldown_s < 0:
+            raise ValueError("arrow min_dwell_s and monitor_cooldown_s must not be negative")
 
     @staticmethod
     def decode_tokens(load: InstanceLoad) -> int:
         return load.running_tokens + load.decode_queue_tokens
 
-    def can_take_decode(self, instance_id: int, view: ClusterView) -> bool:
+    # ---- flip damping ----
+    def may_flip(self, instance_id: int, now_s: float) -> bool:
+        last = self.flipped_at_s.get(instance_id)
+        return last is None or now_s - last >= self.min_dwell_s
+
+    def record_flip(self, instance_id: int, now_s: float) -> None:
+        self.flipped_at_s[instance_id] = now_s
+
+    # ---- decode load (Alg. 2's measure) ----
+    def decode_target(self, pool: Sequence[int], view: ClusterView, excluding: int = -1) -> int:
+        """Alg. 2's t1/t2: fewest running + incoming tokens, among instances with a free
+        batch slot if any; -1 for an empty pool."""
+        cap, instances = self.max_batch_size, view.instances
+        best, best_key = -1, (True, 0)
+        for i in pool:
+            if i == excluding:
+                continue
+            load = instances[i]
+            key = (load.running_decodes + load.decode_queue_len >= cap,
+                   load.running_tokens + load.decode_queue_tokens)
+            if best < 0 or key < best_key:
+                best, best_key = i, key
+        return best
+
+    def can_take_decode(self, instance_id: int, view: ClusterView,
+                        fraction: float = 1.0) -> bool:
+        """Alg. 2's test, with the token and interval limits scaled by `fraction`."""
         load = view.instances[instance_id]
-        return (self.decode_tokens(load) <= self.max_running_tokens
+        return (self.decode_tokens(load) <= fraction * self.max_running_tokens
                 and load.running_decodes + load.decode_queue_len < self.max_batch_size
-                and self.monitor.token_interval_s([instance_id]) <= self.tpot_slo_s)
+                and self.monitor.token_interval_s([instance_id])
+                <= fraction * self.tpot_slo_s)
 
     @staticmethod
     def decode_pool(board: RoleBoard) -> list[int]:
         return board.pools[Role.DECODE] + board.pools[Role.P_TO_D]
 
+    def decode_load_is_low(self, view: ClusterView, board: RoleBoard, leaving: int) -> bool:
+        """Alg. 1's overload gate: with `leaving` gone to prefill, Alg. 2's t1 (else t2)
+        would still take a decode within `low_fraction` of its limits."""
+        for pool in (board.pools[Role.DECODE], board.pools[Role.P_TO_D]):
+            target = self.decode_target(pool, view, excluding=leaving)
+            if target >= 0 and self.can_take_decode(target, view, self.low_fraction):
+                return True
+        return False
+
     def _pool_tokens(self, pool: Sequence[int], view: ClusterView) -> int:
         return sum(self.decode_tokens(view.instances[i]) for i in pool)
-
-    def decode_load_is_low(self, view: ClusterView, board: RoleBoard) -> bool:
-        pool = self.decode_pool(board)
-        if len(pool) <= 1:
-            return False
-        room = (len(pool) - 1) * self.max_running_tokens * self.low_fraction
-        return (self._pool_tokens(pool, view) <= room and self.monitor.token_interval_s(pool)
-                <= self.low_fraction * self.tpot_slo_s)
 
     def decode_is_busy(self, view: ClusterView, board: RoleBoard) -> bool:
         pool = self.decode_pool(board)

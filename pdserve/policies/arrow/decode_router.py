@@ -12,7 +12,7 @@ Deviations: running tokens include decodes already routed to the instance and wa
 their KV (otherwise a burst all lands on one instance before its counters move); the
 batch-size cap is a hard limit the paper's load measure does not see, so t1 and t2 are
 chosen among instances with a free batch slot when there are any, and "can take it" needs
-one.
+one (`ArrowContext.decode_target`, `can_take_decode`).
 """
 
 from __future__ import annotations
@@ -28,30 +28,22 @@ class ArrowDecodeRouter:
     def __init__(self, context: ArrowContext) -> None:
         self.context = context
 
-    def _least_tokens(self, pool: list[int], view: ClusterView) -> int:
-        """Fewest running + incoming tokens, among instances with a free slot if any."""
-        cap, instances = self.context.max_batch_size, view.instances
-        best, best_key = -1, (True, 0)
-        for i in pool:
-            load = instances[i]
-            key = (load.running_decodes + load.decode_queue_len >= cap,
-                   load.running_tokens + load.decode_queue_tokens)
-            if best < 0 or key < best_key:
-                best, best_key = i, key
-        return best
-
     def route(self, request: Request, prefill_instance: int, view: ClusterView,
               board: RoleBoard) -> int:
         context = self.context
         if board.roles[prefill_instance] in (Role.DECODE, Role.P_TO_D):
             return prefill_instance
-        t1 = self._least_tokens(board.pools[Role.DECODE], view)
+        t1 = context.decode_target(board.pools[Role.DECODE], view)
         if t1 >= 0 and context.can_take_decode(t1, view):
             return t1
-        t2 = self._least_tokens(board.pools[Role.P_TO_D], view)
+        t2 = context.decode_target(board.pools[Role.P_TO_D], view)
         if t2 >= 0 and context.can_take_decode(t2, view):
             return t2
-        t3 = try_move_prefill_to_decode(view, board, context.predictor)
+        t3 = try_move_prefill_to_decode(
+            view, board, context,
+            f"alg2: no decode instance can take request {request.request_id} (tokens, batch "
+            f"slots or token interval past Max Running Tokens {context.max_running_tokens}, "
+            f"TPOT SLO {context.tpot_slo_s:g}s)")
         if t3 is not None:
             return t3
         if t1 < 0 or (t2 >= 0 and context.decode_tokens(view.instances[t2])

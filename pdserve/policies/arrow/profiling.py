@@ -2,9 +2,14 @@
 
 TTFT predictor: at cluster start each instance type is profiled with single requests of
 several input lengths on an idle instance, and TTFT = a + b*n + c*n^2 is fitted by least
-squares. In the simulator the "measurement" runs one request through the shared local
-scheduler and the performance model (so chunking is included); in the live world the same
-fit takes measured samples.
+squares. The lengths double from 16 up to the longest prompt an instance can serve (the
+model's context, `MAX_CONTEXT_TOKENS`, or the instance's KV capacity if smaller), so no
+prompt of a trace is predicted by extrapolation, and the fit minimises absolute error (see
+`TtftPredictor.fit`). What remains is the chunk staircase: with chunked prefill each chunk
+adds one batch overhead, which a quadratic can only average.
+In the simulator the "measurement" runs one request through the shared local scheduler
+and the performance model (so chunking is included); in the live world the same fit takes
+measured samples.
 An instance's predicted prefill queueing delay is the predicted remaining time of every
 prefill on it. A request with p of its n tokens done is charged one more batch's overhead plus
 the rest of the curve: a + b*(n - p) + c*(n - p)*(n + p). Summed, that is
@@ -19,13 +24,33 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.stats import InstanceLoad
-from pdserve.perf.fit import fit_prefill
 from pdserve.perf.fitted import PerfModel, PrefillCoeffs
 from pdserve.types import KV_BLOCK_TOKENS, Request
 
-PROFILE_LENGTHS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+MAX_CONTEXT_TOKENS = 131_072  # 128K: Llama 3.1, Qwen2.5 and Qwen3 (with YaRN), R1 distills
+MIN_PROFILE_TOKENS = 16
+
+
+def profile_lengths(max_tokens: int) -> list[int]:
+    """16, 32, 64, ... doubling below `max_tokens`, then `max_tokens` itself."""
+    if max_tokens < MIN_PROFILE_TOKENS:
+        raise ValueError(f"cannot profile TTFT up to {max_tokens} tokens (fewer than "
+                         f"{MIN_PROFILE_TOKENS})")
+    lengths, n = [], MIN_PROFILE_TOKENS
+    while n < max_tokens:
+        lengths.append(n)
+        n *= 2
+    return [*lengths, max_tokens]
+
+
+def longest_prompt_tokens(perf: PerfModel, max_context_tokens: int = MAX_CONTEXT_TOKENS) -> int:
+    """The longest prompt one instance serves: the model's context, less one token of
+    output, within the instance's KV capacity."""
+    return min(max_context_tokens, perf.kv_capacity_tokens) - 1
 
 
 class TtftPredictor:
@@ -34,8 +59,27 @@ class TtftPredictor:
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[int, float]]) -> TtftPredictor:
-        """Fit TTFT = a + b*n + c*n^2 to (input length, measured TTFT) samples."""
-        return cls(fit_prefill([(n, 0, seconds) for n, seconds in samples]))
+        """Fit TTFT = a + b*n + c*n^2 to (input length, measured TTFT) samples by ordinary
+        least squares, each coefficient >= 0. Absolute, not relative, error: Alg. 1 adds
+        predictions and compares the sum with the TTFT SLO, so a second on a long prompt
+        matters and a millisecond on a short one does not."""
+        data = np.asarray(samples, dtype=float)
+        if data.ndim != 2 or data.shape[1] != 2 or len(data) < 3:
+            raise ValueError("the TTFT fit needs at least 3 (input tokens, seconds) samples")
+        tokens, seconds = data.T
+        design = np.column_stack([np.ones_like(tokens), tokens, tokens * tokens])
+        kept = [0, 1, 2]
+        while True:  # pin a negative coefficient to 0 and refit the rest
+            solution, *_ = np.linalg.lstsq(design[:, kept], seconds, rcond=None)
+            if (solution >= 0).all():
+                break
+            kept.pop(int(np.argmin(solution)))
+        coeffs = np.zeros(3)
+        coeffs[kept] = solution
+        residual = seconds - design @ coeffs
+        total = float(((seconds - seconds.mean()) ** 2).sum())
+        r2 = 1.0 - float((residual ** 2).sum()) / total if total > 0 else 1.0
+        return cls(PrefillCoeffs(float(coeffs[0]), float(coeffs[1]), float(coeffs[2]), r2))
 
     def ttft_s(self, input_tokens: int) -> float:
         return self.coeffs.time_s(input_tokens, input_tokens * input_tokens)
@@ -47,9 +91,12 @@ class TtftPredictor:
 
 
 def profile_ttft(perf: PerfModel, chunk_size_tokens: int,
-                 lengths: Iterable[int] = PROFILE_LENGTHS) -> list[tuple[int, float]]:
-    """TTFT of single requests on an idle simulated instance: (input length, seconds)."""
+                 lengths: Iterable[int] | None = None) -> list[tuple[int, float]]:
+    """TTFT of single requests on an idle simulated instance: (input length, seconds);
+    by default at `profile_lengths(longest_prompt_tokens(perf))`."""
     total_blocks = perf.kv_capacity_tokens // KV_BLOCK_TOKENS
+    if lengths is None:
+        lengths = profile_lengths(longest_prompt_tokens(perf))
     samples = []
     for n in lengths:
         if n + 1 > perf.kv_capacity_tokens:

@@ -7,7 +7,9 @@ Initial roles are xPyD. On every monitor tick:
   3. else, if decode is busy and a prefill-side instance is idle, move that idle instance to
      decode (the "idle prefill instances join decode" rule), keeping one prefill-capable
      instance.
-Settling also runs whenever an instance reports progress (a prefill done, a request
+Steps 2 and 3 wait `ArrowContext.monitor_cooldown_s` after the last flip either made (the
+window still holds token intervals from before it), and skip instances inside their dwell
+time. Settling also runs whenever an instance reports progress (a prefill done, a request
 finished), so a drained instance changes pool at once rather than at the next tick.
 """
 
@@ -43,12 +45,27 @@ class ArrowRoleManager:
         for i in range(len(board.roles)):
             if i not in board.failed:
                 settle(i, view, board)
-        pool = context.decode_pool(board)
-        if context.monitor.token_interval_s(pool) > context.tpot_slo_s:
-            try_move_prefill_to_decode(view, board, context.predictor)
-        elif context.decode_is_busy(view, board):
-            prefill_side = board.pools[Role.D_TO_P] + board.pools[Role.PREFILL]
-            idle = [i for i in prefill_side if not has_prefill_work(view.instances[i])]
-            if idle and len(prefill_side) > 1:
-                move_to_decode(idle[0], view, board)
+        if view.now_s - context.monitor_flipped_at_s < context.monitor_cooldown_s:
+            return []
+        if self._flip(view, board) is not None:
+            context.monitor_flipped_at_s = view.now_s
         return []  # role changes reach the driver through the board
+
+    def _flip(self, view: ClusterView, board: RoleBoard) -> int | None:
+        context = self.context
+        interval_s = context.monitor.token_interval_s(context.decode_pool(board))
+        if interval_s > context.tpot_slo_s:
+            return try_move_prefill_to_decode(
+                view, board, context,
+                f"monitor: decode token interval {interval_s * 1e3:.1f} ms > TPOT SLO "
+                f"{context.tpot_slo_s * 1e3:g} ms over {context.monitor.window_s:g}s")
+        if not context.decode_is_busy(view, board):
+            return None
+        prefill_side = board.pools[Role.D_TO_P] + board.pools[Role.PREFILL]
+        idle = [i for i in prefill_side if not has_prefill_work(view.instances[i])
+                and context.may_flip(i, view.now_s)]
+        if not idle or len(prefill_side) <= 1:
+            return None
+        move_to_decode(idle[0], view, board, context,
+                       "monitor: decode busy and this prefill-side instance idle")
+        return idle[0]
