@@ -9,10 +9,15 @@ workers than cores would time-share cores, which no performance model here descr
 2. The rate: the smallest rate scale of the clip at which the simulated colocated TTFT P50
    (on the contended profile) is at least `--queueing-factor` x the clip's median prefill
    time, i.e. queueing, not the prefill itself, dominates TTFT (`--rate-scale` overrides).
-3. For colocated (2 mixed), static-pd 1P1D and arrow (1P1D start): `--repeats` live runs,
+3. An in-situ profile: one colocated live run on the *next* `--duration` seconds of the
+   trace at the same rate, with `PDSERVE_STEP_LOG` set, so every worker logs the batches it
+   ran and their times; the runtime model is fitted to those rows
+   (`pdserve.perf.step_log.fit_step_log`). It sees what the isolated profiles cannot: the
+   server and the load client sharing the two cores.
+4. For colocated (2 mixed), static-pd 1P1D and arrow (1P1D start): `--repeats` live runs,
    each a fresh `pdserve serve` with real HTTP streaming; the simulator runs the identical
    workload once per profile (it is deterministic).
-4. Prints simulated vs live P50/P90 TTFT and TPOT with the error of each
+5. Prints simulated vs live P50/P90 TTFT and TPOT with the error of each
    ((sim - live) / live, against the mean of the live repeats, with their spread).
 
     python bench/live_fidelity.py --out docs/results/fidelity   # about 15 minutes
@@ -34,6 +39,7 @@ from pdserve.bench.workload import Workload
 from pdserve.config import SimConfig
 from pdserve.engine.profile import ProfileGrid, profile_engine
 from pdserve.perf.fitted import PerfModel
+from pdserve.perf.step_log import STEP_LOG_ENV, fit_step_log
 from pdserve.sim.runner import Experiment
 from pdserve.types import SLO
 
@@ -113,6 +119,19 @@ def main() -> None:
     workload = base.scaled(rate).window(0.0, args.duration)
     print(f"rate scale {rate}: {len(workload)} requests over {workload.span_s:.0f}s; SLOs "
           f"TTFT {slo.ttft_s:.3f}s, TPOT {slo.tpot_s:.4f}s")
+    step_logs = args.out / "step-logs"
+    for old in step_logs.glob("steps-*.csv"):
+        old.unlink()
+    calibration = base.scaled(rate).window(args.duration, args.duration)
+    serve_and_replay("tiny", INSTANCES, ["--policy", "colocated"], profiles["contended"], slo,
+                     calibration, args.duration + 180, KV_BLOCKS, CHUNK, MAX_BATCH,
+                     env={STEP_LOG_ENV: str(step_logs)})
+    in_situ = fit_step_log(step_logs, perf)
+    profiles["in-situ"] = args.out / "tiny-profile-in-situ.json"
+    in_situ.save(profiles["in-situ"])
+    perfs["in-situ"] = in_situ
+    print(f"in-situ profile from {len(calibration)} requests' steps: prefill R2 "
+          f"{in_situ.prefill.r2:.3f}")
 
     report: dict[str, object] = {"rate_scale": rate, "requests": len(workload),
                                  "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},

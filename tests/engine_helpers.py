@@ -57,6 +57,21 @@ def greedy(engine: Engine, request_id: int, prompt: list[int], tokens: int,
     return engine.sequences[request_id].generated, first_logits
 
 
+def tiny_greedy_engine(prompt: str, tokens: int) -> tuple[Engine, list[int]]:
+    """`prompt` run greedily for `tokens` tokens (EOS honoured) on one in-process `tiny`
+    engine, no hand-off: the reference a served request is compared with. Returns the engine
+    (request 0 on it) and the prompt's token ids."""
+    torch.set_num_threads(1)
+    model, tokenizer = load_model("tiny", seed=0)
+    engine = Engine(model, tokenizer, 64)
+    ids = tokenizer.encode(prompt)
+    engine.add(0, ids, SamplingParams(max_tokens=tokens, temperature=0.0))
+    engine.run([], [(0, len(ids))])
+    while not engine.sequences[0].finish_reason:
+        engine.run([0], [])
+    return engine, ids
+
+
 def handoff_worker(connection, pool_name: str, prompt: list[int], prefill_only: bool) -> None:
     """Child process: prefill `prompt` on a shared pool, hand the sequence over, then decode
     it in place too so the parent can compare."""

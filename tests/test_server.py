@@ -9,12 +9,9 @@ import time
 import httpx
 import openai
 import pytest
-import torch
+from engine_helpers import tiny_greedy_engine
 from server_helpers import running_server
 
-from pdserve.engine.engine import Engine
-from pdserve.engine.loader import load_model
-from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.tokenizer import TextTokenizer
 
 PROMPT = "The quick brown fox"
@@ -30,14 +27,7 @@ def server(tmp_path_factory):
 
 def local_greedy(prompt: str, tokens: int) -> str:
     """The same request on one in-process engine, no hand-off."""
-    torch.set_num_threads(1)
-    model, tokenizer = load_model("tiny", seed=0)
-    engine = Engine(model, tokenizer, 64)
-    ids = tokenizer.encode(prompt)
-    engine.add(0, ids, SamplingParams(max_tokens=tokens, temperature=0.0))
-    engine.run([], [(0, len(ids))])
-    while not engine.sequences[0].finish_reason:
-        engine.run([0], [])
+    engine, _ = tiny_greedy_engine(prompt, tokens)
     return engine.text_of(0)
 
 

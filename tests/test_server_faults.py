@@ -17,13 +17,10 @@ from dataclasses import replace
 
 import httpx
 import pytest
-import torch
+from engine_helpers import tiny_greedy_engine
 from server_helpers import running_server
 from test_server import PROMPT, local_greedy
 
-from pdserve.engine.engine import Engine
-from pdserve.engine.loader import load_model
-from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.live.faults import EXIT_TOKEN_ENV, RAISE_TOKEN_ENV
 
@@ -31,14 +28,7 @@ FAULT_TOKEN = 2047  # the tiny model's last token id; asserted absent from norma
 
 
 def greedy_ids(prompt: str, tokens: int) -> list[int]:
-    torch.set_num_threads(1)
-    model, tokenizer = load_model("tiny", seed=0)
-    engine = Engine(model, tokenizer, 64)
-    ids = tokenizer.encode(prompt)
-    engine.add(0, ids, SamplingParams(max_tokens=tokens, temperature=0.0))
-    engine.run([], [(0, len(ids))])
-    while not engine.sequences[0].finish_reason:
-        engine.run([0], [])
+    engine, ids = tiny_greedy_engine(prompt, tokens)
     return [*ids, *engine.sequences[0].generated]
 
 

@@ -7,6 +7,7 @@ The benchmarks that compare the live cluster with the simulator (`bench/live_pol
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -19,16 +20,19 @@ from pdserve.types import SLO, Request
 
 def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], perf_file: Path,
                      slo: SLO, workload: Workload, timeout_s: float, kv_blocks: int,
-                     chunk_size_tokens: int, max_batch_size: int) -> list[Request]:
+                     chunk_size_tokens: int, max_batch_size: int,
+                     env: dict[str, str] | None = None) -> list[Request]:
     """One live run: a fresh server with `instances` workers and the given policy flags
-    (e.g. `["--policy", "static-pd", "--prefill", "1", "--decode", "1"]`)."""
+    (e.g. `["--policy", "static-pd", "--prefill", "1", "--decode", "1"]`); `env` adds
+    environment variables for the server and its workers."""
     port = free_port()
     command = [sys.executable, "-m", "pdserve.cli", "serve", "--model", model,
                "--instances", str(instances), *policy_args, "--port", str(port),
                "--perf-model", str(perf_file), "--kv-blocks", str(kv_blocks),
                "--chunk-size", str(chunk_size_tokens), "--max-batch-size", str(max_batch_size),
                "--ttft-slo", str(slo.ttft_s), "--tpot-slo", str(slo.tpot_s)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(base, 180, lambda: server.poll() is None)

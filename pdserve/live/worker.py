@@ -53,6 +53,7 @@ from pdserve.live.messages import (
     WorkerError,
     WorkerReady,
 )
+from pdserve.perf.step_log import StepLog
 from pdserve.types import Request
 
 IDLE_REPORT_S = 0.5  # an idle worker's load report interval (when its load changed)
@@ -69,6 +70,7 @@ class Worker:
                              shared_name=f"pdserve-{os.getpid()}-{instance_id}")
         install_from_env(self.engine)
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size)
+        self.step_log = StepLog.from_env(instance_id)  # in-situ profile rows, when asked
         self.requests: dict[int, Request] = {}
         self.handoffs: dict[int, AdoptKV] = {}
         self.peers: dict[str, PagedKVPool] = {}
@@ -220,7 +222,11 @@ class Worker:
         guarded = run_guarded(self.engine, plan)
         outputs, failures = guarded.outputs, guarded.failures
         stopped = frozenset(o.request_id for o in outputs if o.finish_reason)
-        result = self.local.complete(plan, time.perf_counter() - start, stopped)
+        seconds = time.perf_counter() - start
+        result = self.local.complete(plan, seconds, stopped)
+        if self.step_log is not None and not failures:
+            self.step_log.record(len(plan.decodes), plan.decode_context_tokens,
+                                 plan.prefill_tokens, plan.prefill_attn_units, seconds)
         for request_id in failures:
             self.drop(request_id)
         tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob)

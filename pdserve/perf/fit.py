@@ -115,3 +115,29 @@ def fit_transfer(samples: Sequence[tuple[float, float, float]]) -> TransferCoeff
     if inv_beta <= 0:
         raise ValueError("transfer samples do not grow with size; cannot fit a bandwidth")
     return TransferCoeffs(float(alpha), float(1.0 / inv_beta), r2)
+
+
+def fit_steps(samples: Sequence[tuple[float, float, float, float, float]]
+              ) -> tuple[PrefillCoeffs, DecodeCoeffs]:
+    """Fit prefill and decode together from whole batches as an engine ran them:
+    (decodes, decode_context_tokens, prefill_tokens, prefill_attn_units, seconds) per batch,
+    mixed batches included. One intercept is shared (a batch pays one step overhead, as
+    `PerfModel.batch_time_s` prices a mixed batch), so both returned intercepts are it."""
+    data = np.asarray(samples, dtype=float)
+    if data.ndim != 2 or data.shape[1] != 5:
+        raise ValueError("step samples must be (decodes, context, prefill tokens, attention "
+                         "units, seconds) rows")
+    if len(data) < 6:
+        raise ValueError(f"need at least 6 steps to fit, got {len(data)}")
+    batch, context, tokens, units, seconds = data.T
+    batch1 = (batch == 1).astype(float)
+    columns = [np.ones_like(batch), batch, context, tokens, units]
+    free: frozenset[int] = frozenset()
+    if 0 < batch1.sum() < len(batch):
+        columns.append(batch1)
+        free = frozenset({5})
+    coeffs, r2 = _least_squares(columns, seconds, free=free)
+    extra = float(coeffs[5]) if free else 0.0
+    intercept = float(coeffs[0])
+    return (PrefillCoeffs(intercept, float(coeffs[3]), float(coeffs[4]), r2),
+            DecodeCoeffs(intercept, float(coeffs[1]), float(coeffs[2]), extra, r2))

@@ -1,0 +1,74 @@
+"""In-situ profiles: the batches live workers ran, with their measured times.
+
+A profile taken on an idle machine (`pdserve profile`), or with synthetic contention, leaves
+out what shares the cores in a deployment: the server process, the load client, the OS
+scheduler, the other workers' real (not synthetic) load. With `PDSERVE_STEP_LOG=DIR` in its
+environment, every live worker appends one CSV row per executed batch to
+`DIR/steps-<instance>.csv`; `fit_step_log` fits the runtime `PerfModel` to those rows
+(`pdserve.perf.fit.fit_steps`), keeping another model's transfer and KV figures.
+`docs/results/fidelity.md` measures what it changes.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import TextIO
+
+from pdserve.perf.fit import fit_steps
+from pdserve.perf.fitted import PerfModel
+
+STEP_LOG_ENV = "PDSERVE_STEP_LOG"
+COLUMNS = ("decodes", "decode_context_tokens", "prefill_tokens", "prefill_attn_units",
+           "seconds")
+
+
+class StepLog:
+    """Appends a worker's executed batches to `directory/steps-<instance>.csv`."""
+
+    def __init__(self, directory: Path, instance_id: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"steps-{instance_id}.csv"
+        new = not path.exists()
+        self._file: TextIO = path.open("a", newline="")
+        self._writer = csv.writer(self._file)
+        if new:
+            self._writer.writerow(COLUMNS)
+
+    @classmethod
+    def from_env(cls, instance_id: int) -> StepLog | None:
+        directory = os.environ.get(STEP_LOG_ENV)
+        return cls(Path(directory), instance_id) if directory else None
+
+    def record(self, decodes: int, decode_context_tokens: int, prefill_tokens: int,
+               prefill_attn_units: int, seconds: float) -> None:
+        self._writer.writerow((decodes, decode_context_tokens, prefill_tokens,
+                               prefill_attn_units, f"{seconds:.6f}"))
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_step_logs(paths: Iterable[Path]) -> list[tuple[float, float, float, float, float]]:
+    rows: list[tuple[float, float, float, float, float]] = []
+    for path in paths:
+        with path.open(newline="") as handle:
+            for record in csv.DictReader(handle):
+                decodes, context, tokens, units, seconds = (float(record[c]) for c in COLUMNS)
+                rows.append((decodes, context, tokens, units, seconds))
+    return rows
+
+
+def fit_step_log(directory: Path, base: PerfModel) -> PerfModel:
+    """The runtime model fitted to every `steps-*.csv` under `directory`; transfer and KV
+    figures come from `base` (step logs hold no transfers)."""
+    paths = sorted(directory.glob("steps-*.csv"))
+    if not paths:
+        raise ValueError(f"{directory}: no steps-*.csv step logs (set {STEP_LOG_ENV})")
+    prefill, decode = fit_steps(read_step_logs(paths))
+    return replace(base, name=f"{base.name}, fitted to {directory.name} step logs",
+                   prefill=prefill, decode=decode)

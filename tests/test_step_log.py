@@ -1,0 +1,64 @@
+"""In-situ profiles: step logs written by workers and the joint fit over them."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.perf.fit import fit_steps
+from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
+from pdserve.perf.step_log import StepLog, fit_step_log, read_step_logs
+from pdserve.types import attn_units
+
+TRUE = PerfModel("truth", PrefillCoeffs(0.004, 2e-5, 3e-9), DecodeCoeffs(0.004, 3e-4, 2e-7),
+                 TransferCoeffs(1e-4, 1e9), kv_bytes_per_token=1024, kv_capacity_tokens=32768)
+BASE = PerfModel("base", PrefillCoeffs(1.0, 1.0, 1.0), DecodeCoeffs(1.0, 1.0, 1.0),
+                 TransferCoeffs(2e-4, 5e8), kv_bytes_per_token=2048, kv_capacity_tokens=4096)
+
+
+def steps() -> list[tuple[int, int, int, int, float]]:
+    """Prefill-only, decode-only and mixed batches priced by TRUE."""
+    rows = []
+    for decodes in (0, 1, 4, 16):
+        for context in (0, 300, 1200):
+            for tokens, prior in ((0, 0), (64, 0), (512, 0), (256, 512)):
+                if decodes == 0 and tokens == 0:
+                    continue
+                ctx = decodes * context
+                units = attn_units(tokens, prior) if tokens else 0
+                rows.append((decodes, ctx, tokens, units,
+                             TRUE.batch_time_s(decodes, ctx, tokens, units)))
+    return rows
+
+
+def test_the_joint_fit_recovers_the_model_that_priced_the_batches():
+    prefill, decode = fit_steps(steps())
+    assert prefill.intercept_s == decode.intercept_s == pytest.approx(0.004, rel=1e-6)
+    assert prefill.per_token_s == pytest.approx(2e-5, rel=1e-6)
+    assert prefill.per_attn_unit_s == pytest.approx(3e-9, rel=1e-6)
+    assert decode.per_seq_s == pytest.approx(3e-4, rel=1e-6)
+    assert decode.per_context_token_s == pytest.approx(2e-7, rel=1e-6)
+    assert prefill.r2 == pytest.approx(1.0)
+
+
+def test_worker_step_logs_round_trip_and_fit_into_a_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("PDSERVE_STEP_LOG", str(tmp_path / "logs"))
+    logs = [StepLog.from_env(0), StepLog.from_env(1)]
+    rows = steps()
+    for index, row in enumerate(rows):
+        logs[index % 2].record(*row)  # type: ignore[union-attr]
+    for log in logs:
+        log.close()  # type: ignore[union-attr]
+    read = read_step_logs(sorted((tmp_path / "logs").glob("steps-*.csv")))
+    assert len(read) == len(rows)
+    fitted = fit_step_log(tmp_path / "logs", BASE)
+    assert fitted.transfer == BASE.transfer and fitted.kv_capacity_tokens == 4096
+    for decodes, ctx, tokens, units, seconds in rows:
+        assert fitted.batch_time_s(decodes, ctx, tokens, units) == pytest.approx(seconds,
+                                                                                  rel=1e-3)
+
+
+def test_no_step_logs_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no steps-"):
+        fit_step_log(tmp_path, BASE)
+    with pytest.raises(ValueError, match="at least 6 steps"):
+        fit_steps(steps()[:3])
