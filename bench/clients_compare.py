@@ -13,29 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from importlib import resources
 from pathlib import Path
 
-import httpx
-
-from pdserve.bench.client import free_port
+from pdserve.bench.client import free_port, wait_until_healthy
+from pdserve.engine.tokenizer import write_shipped_hf_tokenizer
 
 REQUESTS, RATE, PROMPT_TOKENS, OUTPUT_TOKENS, ROUNDS = 40, 2.0, 64, 16, 2
-
-
-def tokenizer_dir(root: Path) -> Path:
-    path = root / "tokenizer"
-    path.mkdir()
-    shutil.copy(resources.files("pdserve.data") / "tokenizer" / "tokenizer.json", path)
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|end_of_text|>", "model_max_length": 8192}))
-    return path
 
 
 def run_guidellm(url: str, processor: Path, out: Path) -> dict[str, float]:
@@ -87,23 +73,14 @@ def main() -> None:
     trace = root / "constant.csv"
     trace.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(
         f"{i / RATE:.3f},{PROMPT_TOKENS},{OUTPUT_TOKENS}\n" for i in range(REQUESTS)))
-    processor = tokenizer_dir(root)
+    processor = write_shipped_hf_tokenizer(root)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "pdserve.cli", "serve", "--model", "tiny",
                                "--instances", "2", "--port", str(port), "--log-level",
                                "warning"])
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the server did not start")
-            time.sleep(1)
+        wait_until_healthy(url, 300, lambda: server.poll() is None)
         rows = []
         for round_ in range(ROUNDS):
             rows.append((f"guidellm #{round_ + 1}",

@@ -222,3 +222,14 @@ def test_bad_requests_are_refused_clearly(tiny):
         SamplingParams(max_tokens=0)
     with pytest.raises(ValueError, match="not a Hugging Face checkpoint"):
         load_model(str(os.path.dirname(__file__)))
+
+
+def test_the_shipped_tokenizer_exports_as_a_hugging_face_directory(tmp_path):
+    from transformers import AutoTokenizer
+
+    from pdserve.engine.tokenizer import TextTokenizer, write_shipped_hf_tokenizer
+
+    exported = AutoTokenizer.from_pretrained(str(write_shipped_hf_tokenizer(tmp_path)))
+    text = "Prefill and decode, disaggregated: 42 tokens/s?"
+    assert exported.encode(text, add_special_tokens=False) == TextTokenizer.shipped().encode(text)
+    assert exported.eos_token == "<|end_of_text|>"

@@ -8,24 +8,14 @@ import json
 import os
 import shutil
 import subprocess
-from importlib import resources
 from pathlib import Path
 
 import pytest
 from server_helpers import running_server
 
+from pdserve.engine.tokenizer import write_shipped_hf_tokenizer
+
 REQUESTS = 8
-
-
-def tokenizer_dir(root: Path) -> Path:
-    """The shipped tokenizer as a Hugging Face tokenizer directory."""
-    path = root / "tokenizer"
-    path.mkdir()
-    shutil.copy(resources.files("pdserve.data") / "tokenizer" / "tokenizer.json", path)
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|end_of_text|>", "model_max_length": 8192}))
-    return path
 
 
 def run_guidellm(base: str, route: str, processor: Path, out: Path) -> dict:
@@ -49,7 +39,7 @@ def run_guidellm(base: str, route: str, processor: Path, out: Path) -> dict:
 def test_guidellm_streams_every_request_successfully(tmp_path, route):
     if shutil.which("guidellm") is None:
         pytest.skip("guidellm is not installed (pip install 'pdserve[clients]')")
-    processor = tokenizer_dir(tmp_path)
+    processor = write_shipped_hf_tokenizer(tmp_path)
     with running_server(tmp_path, instances=2, policy="colocated") as (base, driver):
         pids = [driver.workers.pid(i) for i in range(2)]
         benchmark = run_guidellm(base, route, processor, tmp_path / "guidellm.json")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -24,6 +26,18 @@ def _byte_of_char() -> dict[str, int]:
             table[chr(256 + extra)] = byte
             extra += 1
     return table
+
+
+def write_shipped_hf_tokenizer(directory: Path) -> Path:
+    """The shipped tokenizer as a Hugging Face tokenizer directory under `directory`, for
+    clients that take one (guidellm's `--processor`); returns its path."""
+    path = directory / "tokenizer"
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(str(resources.files("pdserve.data") / "tokenizer" / "tokenizer.json"), path)
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|end_of_text|>", "model_max_length": 8192}))
+    return path
 
 
 class TextTokenizer:
