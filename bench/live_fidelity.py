@@ -11,7 +11,8 @@ workers than cores would time-share cores, which no performance model here descr
    time, i.e. queueing, not the prefill itself, dominates TTFT (`--rate-scale` overrides).
 3. An in-situ profile: one colocated live run on the *next* `--duration` seconds of the
    trace at the same rate, with `PDSERVE_STEP_LOG` set, so every worker logs the batches it
-   ran and their times; the runtime model is fitted to those rows
+   ran and each one's period (start to the next batch's start while busy, so what the worker
+   does between batches counts); the runtime model is fitted to those rows
    (`pdserve.perf.step_log.fit_step_log`). It sees what the isolated profiles cannot: the
    server and the load client sharing the two cores.
 4. For colocated (2 mixed), static-pd 1P1D and arrow (1P1D start): `--repeats` live runs,

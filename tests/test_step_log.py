@@ -62,3 +62,16 @@ def test_no_step_logs_is_a_clear_error(tmp_path):
         fit_step_log(tmp_path, BASE)
     with pytest.raises(ValueError, match="at least 6 steps"):
         fit_steps(steps()[:3])
+
+
+def test_a_logged_batch_lasts_until_the_next_batch_starts_unless_the_worker_idled(tmp_path):
+    log = StepLog(tmp_path, 0)
+    log.batch_started(10.0)
+    log.batch_ran(4, 400, 0, 0, 10.0)
+    log.batch_started(10.5)  # busy since: the first batch's period is 0.5 s
+    log.batch_ran(2, 200, 64, 4096, 10.5)
+    log.idle()  # the gap after the second batch is waiting: not logged
+    log.batch_started(20.0)
+    log.batch_ran(1, 100, 0, 0, 20.0)
+    log.close()
+    assert read_step_logs([tmp_path / "steps-0.csv"]) == [(4.0, 400.0, 0.0, 0.0, 0.5)]

@@ -209,6 +209,8 @@ class Worker:
     def step(self) -> bool:
         plan = self.local.plan()
         if plan is None:
+            if self.step_log is not None:
+                self.step_log.idle()
             if self._executing:  # idle: no request is running
                 self._executing = frozenset()
                 self.connection.send(Executing(self.instance_id, self._executing))
@@ -219,14 +221,16 @@ class Worker:
             self._executing = batch
             self.connection.send(Executing(self.instance_id, batch))
         start = time.perf_counter()
+        if self.step_log is not None:
+            self.step_log.batch_started(start)
         guarded = run_guarded(self.engine, plan)
         outputs, failures = guarded.outputs, guarded.failures
         stopped = frozenset(o.request_id for o in outputs if o.finish_reason)
         seconds = time.perf_counter() - start
         result = self.local.complete(plan, seconds, stopped)
         if self.step_log is not None and not failures:
-            self.step_log.record(len(plan.decodes), plan.decode_context_tokens,
-                                 plan.prefill_tokens, plan.prefill_attn_units, seconds)
+            self.step_log.batch_ran(len(plan.decodes), plan.decode_context_tokens,
+                                    plan.prefill_tokens, plan.prefill_attn_units, start)
         for request_id in failures:
             self.drop(request_id)
         tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob)

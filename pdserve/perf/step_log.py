@@ -4,7 +4,10 @@ A profile taken on an idle machine (`pdserve profile`), or with synthetic conten
 out what shares the cores in a deployment: the server process, the load client, the OS
 scheduler, the other workers' real (not synthetic) load. With `PDSERVE_STEP_LOG=DIR` in its
 environment, every live worker appends one CSV row per executed batch to
-`DIR/steps-<instance>.csv`; `fit_step_log` fits the runtime `PerfModel` to those rows
+`DIR/steps-<instance>.csv`. A row's time is the batch's *period*: from its start to the start
+of the worker's next batch, so it includes what the worker does between batches (reports,
+commands, KV imports on its own thread); a batch followed by idling is not logged, since the
+gap is waiting, not work. `fit_step_log` fits the runtime `PerfModel` to those rows
 (`pdserve.perf.fit.fit_steps`), keeping another model's transfer and KV figures.
 `docs/results/fidelity.md` measures what it changes.
 """
@@ -37,6 +40,24 @@ class StepLog:
         self._writer = csv.writer(self._file)
         if new:
             self._writer.writerow(COLUMNS)
+        self._pending: tuple[tuple[int, int, int, int], float] | None = None
+
+    def batch_started(self, start_s: float) -> None:
+        """A batch starts: the previous one, if the worker stayed busy since, is logged with
+        the time from its start to now."""
+        if self._pending is not None:
+            (decodes, context, tokens, units), began_s = self._pending
+            self.record(decodes, context, tokens, units, start_s - began_s)
+        self._pending = None
+
+    def batch_ran(self, decodes: int, decode_context_tokens: int, prefill_tokens: int,
+                  prefill_attn_units: int, start_s: float) -> None:
+        """The batch that started at `start_s` ran; it is logged when the next one starts."""
+        self._pending = ((decodes, decode_context_tokens, prefill_tokens, prefill_attn_units),
+                         start_s)
+
+    def idle(self) -> None:
+        self._pending = None
 
     @classmethod
     def from_env(cls, instance_id: int) -> StepLog | None:
