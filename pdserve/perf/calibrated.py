@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
+from pdserve.perf.fit import FitGrid, fit_perf_model
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.operators import (
     LayerShape,
@@ -34,10 +34,11 @@ from pdserve.perf.operators import (
 )
 from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, gpu_spec, kv_capacity_tokens
 
-PREFILL_TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-PREFILL_PRIOR = (0, 1024, 4096, 16384)
-DECODE_BATCH = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
-DECODE_CONTEXT_PER_SEQ = (128, 512, 1024, 2048, 4096)
+FIT_GRID = FitGrid(
+    prefill_tokens=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+    prefill_prior=(0, 1024, 4096, 16384),
+    decode_batch=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256),
+    decode_context_per_seq=(128, 512, 1024, 2048, 4096), knee=True)
 
 
 @dataclass(frozen=True)
@@ -121,16 +122,7 @@ class Calibrated:
 
     def to_perf_model(self, max_batch_size: int = 256) -> PerfModel:
         """Fit the simulator's runtime model to these step times over the range serving uses."""
-        prefill = [(n, p, self.prefill_s(n, p)) for n in PREFILL_TOKENS for p in PREFILL_PRIOR]
-        capacity = self.kv_capacity_tokens
-        decode = [(b, min(b * per_seq, capacity), self.decode_step_s(b, min(b * per_seq,
-                                                                           capacity)))
-                  for b in DECODE_BATCH if b <= max_batch_size
-                  for per_seq in DECODE_CONTEXT_PER_SEQ]
-        sizes = [n * self.kv_bytes_per_token for n in (16, 256, 4096, 32768)]
-        transfer = [(size, c, self.transfer_s(size, c)) for size in sizes for c in (1, 8, 64)]
-        return PerfModel(
-            name=f"{self.model.name}@{self.gpu.name}x{self.tp} (calibrated on A100 profiles)",
-            prefill=fit_prefill(prefill, knee=True), decode=fit_decode(decode, knee=True),
-            transfer=fit_transfer(transfer), kv_bytes_per_token=self.kv_bytes_per_token,
-            kv_capacity_tokens=capacity)
+        return fit_perf_model(
+            f"{self.model.name}@{self.gpu.name}x{self.tp} (calibrated on A100 profiles)",
+            self.prefill_s, self.decode_step_s, self.transfer_s, self.kv_bytes_per_token,
+            self.kv_capacity_tokens, FIT_GRID, max_batch_size)

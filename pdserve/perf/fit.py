@@ -14,11 +14,12 @@ reported on the unweighted residuals.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from pdserve.perf.fitted import DecodeCoeffs, PrefillCoeffs, TransferCoeffs
+from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
 from pdserve.types import attn_units
 
 
@@ -141,3 +142,36 @@ def fit_steps(samples: Sequence[tuple[float, float, float, float, float]]
     intercept = float(coeffs[0])
     return (PrefillCoeffs(intercept, float(coeffs[3]), float(coeffs[4]), r2),
             DecodeCoeffs(intercept, float(coeffs[1]), float(coeffs[2]), extra, r2))
+
+
+@dataclass(frozen=True)
+class FitGrid:
+    """Where a step-time model is sampled to fit the runtime form: prefill chunk sizes x
+    prior tokens; decode batch sizes x context per sequence (capped at the KV capacity)."""
+
+    prefill_tokens: tuple[int, ...]
+    prefill_prior: tuple[int, ...]
+    decode_batch: tuple[int, ...]
+    decode_context_per_seq: tuple[int, ...]
+    knee: bool = False
+
+
+def fit_perf_model(name: str, prefill_s: Callable[[int, int], float],
+                   decode_step_s: Callable[[int, int], float],
+                   transfer_s: Callable[[int, int], float], kv_bytes_per_token: int,
+                   kv_capacity_tokens: int, grid: FitGrid, max_batch_size: int) -> PerfModel:
+    """The runtime `PerfModel` fitted to a step-time model (calibrated or roofline) over the
+    range serving uses."""
+    prefill = [(n, p, prefill_s(n, p)) for n in grid.prefill_tokens for p in grid.prefill_prior]
+    decode = []
+    for batch in grid.decode_batch:
+        if batch <= max_batch_size:
+            for per_seq in grid.decode_context_per_seq:
+                context = min(batch * per_seq, kv_capacity_tokens)
+                decode.append((batch, context, decode_step_s(batch, context)))
+    sizes = [n * kv_bytes_per_token for n in (16, 256, 4096, 32768)]
+    transfer = [(size, calls, transfer_s(size, calls)) for size in sizes for calls in (1, 8, 64)]
+    return PerfModel(name=name, prefill=fit_prefill(prefill, knee=grid.knee),
+                     decode=fit_decode(decode, knee=grid.knee), transfer=fit_transfer(transfer),
+                     kv_bytes_per_token=kv_bytes_per_token,
+                     kv_capacity_tokens=kv_capacity_tokens)

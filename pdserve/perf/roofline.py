@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
+from pdserve.perf.fit import FitGrid, fit_perf_model
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, kv_capacity_tokens
 from pdserve.types import attn_units
@@ -38,6 +38,12 @@ LINK_EFFICIENCY = 0.70
 STEP_OVERHEAD_S = 0.002
 TRANSFER_CALL_S = 0.0005
 ALLREDUCE_LATENCY_S = 10e-6
+
+
+FIT_GRID = FitGrid(prefill_tokens=(16, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+                   prefill_prior=(0, 1024, 4096, 16384),
+                   decode_batch=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                   decode_context_per_seq=(128, 512, 1024, 2048, 4096))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,21 +92,7 @@ class Roofline:
 
     def to_perf_model(self, max_batch_size: int = 256) -> PerfModel:
         """Fit the simulator's linear model to this roofline over the range serving uses."""
-        prefill = [(n, p, self.prefill_s(n, p))
-                   for n in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-                   for p in (0, 1024, 4096, 16384)]
-        capacity = self.kv_capacity_tokens
-        decode = []
-        for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-            if batch > max_batch_size:
-                break
-            for per_seq in (128, 512, 1024, 2048, 4096):
-                context = min(batch * per_seq, capacity)
-                decode.append((batch, context, self.decode_step_s(batch, context)))
-        sizes = [n * self.kv_bytes_per_token for n in (16, 256, 4096, 32768)]
-        transfer = [(size, c, self.transfer_s(size, c)) for size in sizes for c in (1, 8, 64)]
-        return PerfModel(
-            name=f"{self.model.name}@{self.gpu.name}x{self.tp} (roofline fit)",
-            prefill=fit_prefill(prefill), decode=fit_decode(decode),
-            transfer=fit_transfer(transfer), kv_bytes_per_token=self.kv_bytes_per_token,
-            kv_capacity_tokens=capacity)
+        return fit_perf_model(f"{self.model.name}@{self.gpu.name}x{self.tp} (roofline fit)",
+                              self.prefill_s, self.decode_step_s, self.transfer_s,
+                              self.kv_bytes_per_token, self.kv_capacity_tokens, FIT_GRID,
+                              max_batch_size)
