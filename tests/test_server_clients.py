@@ -194,7 +194,7 @@ def test_model_by_id(server):
     base, _ = server
     card = httpx.get(f"{base}/v1/models/tiny", timeout=10).json()
     assert card == {"id": "tiny", "object": "model", "created": 0, "owned_by": "pdserve",
-                    "max_model_len": CONTEXT}
+                    "max_model_len": CONTEXT, "chat_template": "generic"}
     missing = httpx.get(f"{base}/v1/models/gpt-4o", timeout=10)
     assert missing.status_code == 404
     assert missing.json()["error"]["type"] == "not_found_error"

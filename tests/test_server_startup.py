@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from server_helpers import running_server
 
 from pdserve.cli import main
+from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.profile import QUICK_GRID, fit_grid_to_context, profile_engine
-from pdserve.server.chat_template import ChatTemplate
 from pdserve.server.launch import ServeConfig, build_app
 
 USER = [{"role": "user", "content": "Hi"}]
@@ -38,6 +38,7 @@ def offline_app(tmp_path, **options):
     """The app without its workers started (no lifespan): routes up to admission."""
     perf = tmp_path / "perf.json"
     make_perf().save(perf)
+    options.setdefault("model", "tiny")
     return build_app(ServeConfig(perf_model=str(perf), instances=1, **options))
 
 
@@ -99,7 +100,8 @@ def test_start_up_logs_each_step(tmp_path, caplog):
     with running_server(tmp_path, instances=2, policy="static-pd", prefill=1, decode=1):
         pass
     text = caplog.text
-    assert "model tiny: context 8192 tokens, vocabulary 2048" in text
+    assert "model tiny (tiny): context 8192 tokens, vocabulary 2048, chat template generic" in text
+    assert "KV cache: 512 blocks of 16 tokens per worker" in text
     assert "performance model loaded from" in text
     assert "workers up in" in text and "0: prefill (pid" in text and "1: decode (pid" in text
     assert "serving 'tiny'" in text

@@ -1,65 +1,104 @@
-"""Load a model: a Hugging Face checkpoint directory, or a named random-initialised one.
+"""Load a model for the engine: a checkpoint (a `.gguf` file, the default model, or a Hugging
+Face directory with `config.json` and safetensors weights), or a named random-initialised
+shape.
 
-A checkpoint directory has `config.json`, weights in `model.safetensors` or shards listed in
-`model.safetensors.index.json`, and usually `tokenizer.json`. Named models (`tiny`, `small`)
-are initialised from a seed (normal, std 0.02, as Hugging Face does), so two processes with
-the same seed hold the same weights. Weights are float32 (the CPU engine's dtype).
+A checkpoint's weights go through the shared weight file (`weight_cache.py`): the first
+process to load a checkpoint dequantizes it to float32 (the CPU engine's dtype) into one
+file; every process maps that file, so workers share one copy. The model is built on the
+meta device and the mapped tensors assigned to it, so no process allocates weights of its
+own. Named models (`tiny`, `small`) are initialised from a seed (normal, std 0.02, as Hugging
+Face does), so two processes with the same seed hold the same weights.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
-from pdserve.engine.config import ModelConfig, named_config
-from pdserve.engine.model import CausalLM
+from pdserve.engine.checkpoint import ModelSource, resolve_model
+from pdserve.engine.model import CausalLM, rope_inv_freq
 from pdserve.engine.tokenizer import TextTokenizer
+from pdserve.engine.weight_cache import map_weights, source_key, write_weights
 
 
 def load_model(name_or_path: str, seed: int = 0) -> tuple[CausalLM, TextTokenizer | None]:
-    path = Path(name_or_path)
-    if path.is_dir():
-        return _load_checkpoint(path)
-    tokenizer = TextTokenizer.shipped()
-    config = named_config(name_or_path, tokenizer.vocab_size, tokenizer.eos_token_ids)
+    source = resolve_model(name_or_path)
+    if source.kind == "named":
+        return _random_model(source, seed), source.tokenizer
+    state = map_weights(prepare_weights(source))
+    model = _assemble(source, state)
+    return model, source.tokenizer
+
+
+def prepare_weights(source: ModelSource) -> Path:
+    """The shared float32 weight file of a checkpoint, written on first use."""
+    files = _weight_files(source)
+    return write_weights(source_key(files), _source_tensors(source, files))
+
+
+def _random_model(source: ModelSource, seed: int) -> CausalLM:
     generator = torch.Generator().manual_seed(seed)
-    model = CausalLM(config)
+    model = CausalLM(source.config)
     for module in model.modules():
         if isinstance(module, nn.Linear | nn.Embedding):
             with torch.no_grad():
                 module.weight.normal_(0.0, 0.02, generator=generator)
-    return model.eval(), tokenizer
+    return model.eval()
 
 
-def _load_checkpoint(path: Path) -> tuple[CausalLM, TextTokenizer | None]:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"{path} is not a Hugging Face checkpoint: no config.json")
-    config = ModelConfig.from_hf(json.loads(config_file.read_text()))
-    state: dict[str, torch.Tensor] = {}
+def _assemble(source: ModelSource, state: dict[str, torch.Tensor]) -> CausalLM:
+    config = source.config
+    with torch.device("meta"):
+        model = CausalLM(config)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings
+                                          else set())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(f"{source.location}: weights do not match the model's shape: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(model.get_parameter(name).shape):
+            raise ValueError(f"{source.location}: {name} has shape {tuple(tensor.shape)}, the "
+                             f"config implies {tuple(model.get_parameter(name).shape)}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(config)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model.eval()
+
+
+def _weight_files(source: ModelSource) -> list[Path]:
+    if source.kind == "gguf":
+        return [Path(source.location)]
+    path = Path(source.location)
     index = path / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        for shard in shards:
-            state.update(load_file(str(path / shard)))
-    elif (path / "model.safetensors").is_file():
-        state = load_file(str(path / "model.safetensors"))
-    else:
-        raise ValueError(f"{path}: no model.safetensors or model.safetensors.index.json")
-    model = CausalLM(config)
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    state = {name: tensor.float() for name, tensor in state.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
-    if missing or unexpected:
-        raise ValueError(f"{path}: weights do not match the config: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    tokenizer_file = path / "tokenizer.json"
-    tokenizer = (TextTokenizer.from_file(tokenizer_file, config.eos_token_ids)
-                 if tokenizer_file.is_file() else None)
-    return model.eval(), tokenizer
+        return [path / shard for shard in shards]
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    raise ValueError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def _source_tensors(source: ModelSource, files: list[Path]) -> Iterator[tuple[str,
+                                                                               np.ndarray]]:
+    if source.kind == "gguf":
+        from pdserve.engine.gguf_file import GGUFCheckpoint
+
+        yield from GGUFCheckpoint(files[0]).tensors()
+        return
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt") as shard:
+            for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                yield name, shard.get_tensor(name).float().numpy()

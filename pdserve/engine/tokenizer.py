@@ -57,6 +57,11 @@ class TextTokenizer:
         return cls(Tokenizer.from_file(str(path)), eos_token_ids)
 
     @property
+    def raw(self) -> Tokenizer:
+        """The underlying `tokenizers.Tokenizer`."""
+        return self._tokenizer
+
+    @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size()
 

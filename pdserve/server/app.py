@@ -24,9 +24,9 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
+from pdserve.engine.chat_template import ChatTemplate
 from pdserve.live.driver import LiveDriver, LiveRequest, Overloaded
 from pdserve.server.body import read_body
-from pdserve.server.chat_template import ChatTemplate
 from pdserve.server.errors import APIError, install_error_handlers
 from pdserve.server.logprobs import LogprobFormatter
 from pdserve.server.prepare import Prepared, prepare_chat, prepare_completion
@@ -156,7 +156,8 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
 
     def model_card() -> dict[str, Any]:
         return {"id": name, "object": "model", "created": 0, "owned_by": "pdserve",
-                "max_model_len": settings.context_tokens}
+                "max_model_len": settings.context_tokens,
+                "chat_template": settings.chat_template.origin}  # "generic" when none
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -1,22 +1,15 @@
-"""Chat messages -> prompt text: pdserve's generic layout, or a Jinja chat template file.
+"""Chat requests -> messages for the model's chat template (`engine/chat_template.py`: the
+checkpoint's own, a `--chat-template FILE`, or the generic layout).
 
-The generic layout uses the shipped tokenizer's role markers (`<|system|>`, `<|user|>`,
-`<|assistant|>`); `developer` is a system message and a `tool` result is a user turn naming
-its call. `--chat-template FILE` renders a Hugging Face style Jinja template instead
-(`messages`, `add_generation_prompt`, `bos_token`, `eos_token`); it needs jinja2.
 Content given as a list of parts is joined from its text parts; any other part type
 (images, audio) and assistant `tool_calls` are refused with a 400 naming the field.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from pdserve.engine.chat_template import ChatTemplate, TemplateRefusal
 from pdserve.server.errors import APIError
 from pdserve.server.schemas import ChatCompletionRequest, ChatMessage
-
-GENERIC_MARKERS = {"system": "<|system|>", "developer": "<|system|>", "user": "<|user|>",
-                   "assistant": "<|assistant|>", "tool": "<|user|>"}
 
 
 def check_chat_unsupported(body: ChatCompletionRequest) -> None:
@@ -67,54 +60,9 @@ def flatten_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     return flat
 
 
-class ChatTemplate:
-    def __init__(self, source: str | None = None, bos_token: str = "",
-                 eos_token: str = "") -> None:
-        self.bos_token, self.eos_token = bos_token, eos_token
-        self._template = None
-        if source is not None:
-            try:
-                from jinja2 import TemplateError
-                from jinja2.sandbox import ImmutableSandboxedEnvironment
-            except ImportError as err:
-                raise ValueError("--chat-template needs jinja2 (pip install jinja2)") from err
-            environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            environment.globals["raise_exception"] = _raise_from_template
-            try:
-                self._template = environment.from_string(source)
-            except TemplateError as err:
-                raise ValueError(f"the chat template does not parse: {err}") from err
-
-    @classmethod
-    def from_file(cls, path: str | Path, bos_token: str = "",
-                  eos_token: str = "") -> ChatTemplate:
-        file = Path(path)
-        if not file.is_file():
-            raise ValueError(f"--chat-template: no such file {file}")
-        return cls(file.read_text(), bos_token, eos_token)
-
-    def render(self, messages: list[dict[str, str]]) -> str:
-        if self._template is None:
-            return self._generic(messages)
-        try:
-            return self._template.render(messages=messages, add_generation_prompt=True,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
-        except APIError:
-            raise
-        except Exception as err:  # a template's own check (e.g. role order) or a bug in it
-            raise APIError(400, f"messages: the chat template refused them: {err}",
-                           "messages") from err
-
-    @staticmethod
-    def _generic(messages: list[dict[str, str]]) -> str:
-        parts = []
-        for m in messages:
-            content = m["content"]
-            if m["role"] == "tool":
-                content = f"[tool result {m['tool_call_id']}]\n{content}"
-            parts.append(f"{GENERIC_MARKERS[m['role']]}\n{content}\n")
-        return "".join(parts) + GENERIC_MARKERS["assistant"] + "\n"
-
-
-def _raise_from_template(message: str) -> None:
-    raise APIError(400, f"messages: {message}", "messages")
+def render_chat(template: ChatTemplate, messages: list[dict[str, str]]) -> str:
+    """The prompt text for `messages`; a template's refusal is the client's 400."""
+    try:
+        return template.render(messages)
+    except TemplateRefusal as err:
+        raise APIError(400, f"messages: {err}", "messages") from err

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.server.body import parse_json_object
-from pdserve.server.chat_template import ChatTemplate, check_chat_unsupported, flatten_messages
+from pdserve.server.chat_template import check_chat_unsupported, flatten_messages, render_chat
 from pdserve.server.errors import APIError
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
 from pdserve.server.validation import (
@@ -89,7 +90,7 @@ def prepare_chat(raw_body: bytes, served: str, tokenizer: TextTokenizer, limits:
     check_chat_unsupported(body)
     n = body.n or 1
     stream, include_usage, continuous = _stream_flags(body)
-    text = template.render(flatten_messages(body.messages))
+    text = render_chat(template, flatten_messages(body.messages))
     [ids] = encode_prompts(tokenizer, [text], limits, "messages")
     check_token_ids(ids, limits, "messages")
     check_choices(1, n)
