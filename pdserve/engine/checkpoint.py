@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-from dataclasses import dataclass, replace
+import os
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
 
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.config import ModelConfig, named_config
@@ -90,20 +94,47 @@ def _with_end_of_turn(config: ModelConfig, tokenizer: TextTokenizer | None,
 
 
 def _gguf_source(path: Path) -> ModelSource:
+    summary = _gguf_summary(path)
+    raw = dict(summary["config"])
+    raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
+    config = ModelConfig(**raw)
+    tokenizer = TextTokenizer(Tokenizer.from_str(summary["tokenizer"]), config.eos_token_ids)
+    template = ChatTemplate(summary["chat_template"], summary["bos_token"],
+                            summary["eos_token"], origin="gguf metadata")
+    config, with_stops = _with_end_of_turn(config, tokenizer, template)
+    return ModelSource("gguf", str(path), path.stem, config, with_stops, template)
+
+
+def _gguf_summary(path: Path) -> dict[str, Any]:
+    """What the server and loader need from a GGUF file's metadata, kept beside its weight
+    file: parsing the metadata (50K tokens and merges) takes seconds, reading this does not,
+    and every worker (and every restart) resolves the model."""
+    from pdserve.engine.weight_cache import cache_dir, source_key
+
+    if not path.is_file():
+        raise ValueError(f"no such GGUF file: {path}")
+    cached = cache_dir() / f"{source_key([path])}.source.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
     from pdserve.engine.gguf_file import GGUFCheckpoint
     from pdserve.engine.gguf_tokenizer import token_text, tokenizer_from_gguf
 
     checkpoint = GGUFCheckpoint(path)
-    config = checkpoint.model_config()
-    tokenizer = TextTokenizer(tokenizer_from_gguf(checkpoint.metadata), config.eos_token_ids)
-    source = checkpoint.metadata.get("tokenizer.chat_template")
-    template = ChatTemplate(
-        str(source) if source else None,
-        token_text(checkpoint.metadata, "tokenizer.ggml.bos_token_id"),
-        token_text(checkpoint.metadata, "tokenizer.ggml.eos_token_id"),
-        origin="gguf metadata")
-    config, tokenizer = _with_end_of_turn(config, tokenizer, template)
-    return ModelSource("gguf", str(path), path.stem, config, tokenizer, template)
+    template = checkpoint.metadata.get("tokenizer.chat_template")
+    summary = {
+        "config": asdict(checkpoint.model_config()),
+        "tokenizer": tokenizer_from_gguf(checkpoint.metadata).to_str(),
+        "chat_template": str(template) if template else None,
+        "bos_token": token_text(checkpoint.metadata, "tokenizer.ggml.bos_token_id"),
+        "eos_token": token_text(checkpoint.metadata, "tokenizer.ggml.eos_token_id")}
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{cached.name}.tmp-{os.getpid()}")
+        partial.write_text(json.dumps(summary))
+        os.replace(partial, cached)
+    except OSError:  # an unwritable cache only costs the next process the parse
+        pass
+    return summary
 
 
 def _directory_source(path: Path) -> ModelSource:
