@@ -1,236 +1,235 @@
-"""Live engine speed: decode throughput against Hugging Face, KV transfer, copy counts.
+"""Engine speed and memory on the default model (SmolLM2-135M-Instruct from its GGUF file,
+float32, one torch thread), against transformers on the same file's weights, in one run.
 
-1. Decode tokens/s of the `tiny` model at batch 1, 8 and 32 (32-token prompts, 64 new
-   tokens, greedy, one torch thread), pdserve's engine and Hugging Face `generate` on the
-   same weights, side by side; the ratio is pdserve / HF.
-2. KV transfer between two processes through the shared-memory pool: a 1024-block
-   sequence (64 MiB for tiny) copied as one aligned run, and block by block. Target:
-   >= 5 GB/s.
-3. Sampler cost per step at batch 32 (random logits, 512-token contexts) for tiny's vocabulary
-   and a 152K one (Qwen2's), from plain greedy (one argmax) to every filter, penalty, bias
-   and logprobs at once.
-4. Copy operations per transfer after realistic allocator churn (sequences growing and
-   finishing on both instances): with FlowKV alignment, one copy per block (paged layout
-   with all layers in a block), and one per block per layer per K/V (the layout FlowKV
-   replaces).
+1. Decode step time at batch 1, 8 and 32 (64-token prompts, equal lengths): pdserve's
+   `Engine.run` vs the per-token time inside transformers' `generate`
+   ((time of N new tokens - time of 1) / (N - 1)). Ratio = HF time / pdserve time.
+2. Prefill of 512 tokens: one engine chunk vs one transformers forward.
+3. Served throughput on mixed lengths, where continuous batching should win: R requests with
+   prompts of 16-256 tokens and outputs of 4-96 tokens (uniform, fixed seed). pdserve runs
+   them through the shared local scheduler (continuous batching, at most B running, chunked
+   prefill next to decodes); transformers runs `generate` on static batches of B in order,
+   left-padded, each batch running to its longest output. Useful tokens/s (each request's
+   own output) and the ratio. Both produce the same greedy tokens (checked on the first).
+4. Where the time goes: the torch profiler's top operators over ten batch-8 decode steps.
+5. Memory: proportional set size (PSS: shared pages split between the processes mapping
+   them) of 1 and of 4 processes that each load the model and a 64-block engine as a worker
+   does, and of 4 that each hold a private copy of the weights (what sharing avoids).
 
-    python bench/engine_speed.py
+Times are the process's CPU time (`time.process_time`): both sides run in this one process
+on one torch thread, so on an idle machine that is their wall time, and on a shared one it
+leaves out the time other processes held the core.
+
+    python bench/engine_speed.py [--requests 24]
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
-import os
 import random
 import statistics
 import time
 
 import torch
 
-from pdserve.engine.allocator import SegmentAllocator, align
+from pdserve.engine.checkpoint import default_model_path
 from pdserve.engine.engine import Engine
-from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
-from pdserve.engine.sampling import SamplingParams, sample_batch, token_logprobs
-from pdserve.engine.transfer import attach_pool, copy_aligned, copy_per_block
+from pdserve.engine.sampling import SamplingParams
+from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.types import Request
 
-PROMPT, NEW = 32, 64
-TRANSFER_BLOCKS = 1024
-
-
-def hf_twin(model):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = model.config
-    hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta))
-    hf.load_state_dict(model.state_dict())
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    return hf.eval()
+STEP_PROMPT, STEP_TOKENS = 64, 16
 
 
-def pdserve_decode(model, tokenizer, prompts: list[list[int]]) -> tuple[float, list]:
-    engine = Engine(model, tokenizer, 4096)
-    start = time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        engine.add(i, prompt, SamplingParams(max_tokens=NEW, ignore_eos=True))
-    engine.run([], [(i, PROMPT) for i in range(len(prompts))])
-    for _ in range(NEW - 1):
-        engine.run(list(range(len(prompts))), [])
-    return time.perf_counter() - start, [engine.sequences[i].generated for i in range(len(prompts))]
+def reference_model():
+    from transformers import AutoModelForCausalLM
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 dtype=torch.float32)
+    model.generation_config.pad_token_id = 0
+    return model.eval()
 
 
-def hf_decode(hf, prompts: list[list[int]]) -> tuple[float, list]:
-    start = time.perf_counter()
+def hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+    """Left-padded static batch, greedy, exactly `new_tokens` each; (seconds, tokens)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    start = time.process_time()
     with torch.no_grad():
-        out = hf.generate(torch.tensor(prompts), max_new_tokens=NEW, min_new_tokens=NEW,
-                          do_sample=False)
-    return time.perf_counter() - start, out[:, PROMPT:].tolist()
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+    return time.process_time() - start, out[:, width:].tolist()
 
 
-def decode_table() -> None:
-    model, tokenizer = load_model("tiny")
-    hf = hf_twin(model)
-    rng = random.Random(0)
-    print(f"decode, tiny, {PROMPT}-token prompts, {NEW} new tokens, greedy, 1 thread")
-    print(f"{'batch':>5}{'pdserve tok/s':>15}{'HF tok/s':>10}{'ratio':>7}{'same tokens':>13}")
+def engine_decode_step_s(model, tokenizer, prompts: list[list[int]]) -> float:
+    engine = Engine(model, tokenizer, 512)
+    for i, prompt in enumerate(prompts):
+        engine.add(i, prompt, SamplingParams(max_tokens=STEP_TOKENS + 1, ignore_eos=True))
+    engine.run([], [(i, len(p)) for i, p in enumerate(prompts)])
+    start = time.process_time()
+    for _ in range(STEP_TOKENS):
+        engine.run(list(range(len(prompts))), [])
+    return (time.process_time() - start) / STEP_TOKENS
+
+
+def step_table(model, tokenizer, hf, rng: random.Random) -> None:
+    print(f"decode step, {STEP_PROMPT}-token prompts, greedy, 1 thread (median of 3)")
+    print(f"{'batch':>5}{'pdserve ms':>12}{'HF ms':>9}{'HF / pdserve':>14}")
     for batch in (1, 8, 32):
-        prompts = [[rng.randrange(3, 2000) for _ in range(PROMPT)] for _ in range(batch)]
-        pdserve_decode(model, tokenizer, prompts[:1])  # warm-up
-        hf_decode(hf, prompts[:1])
-        ours = [pdserve_decode(model, tokenizer, prompts) for _ in range(3)]
-        theirs = [hf_decode(hf, prompts) for _ in range(3)]
-        ours_s = statistics.median(t for t, _ in ours)
-        theirs_s = statistics.median(t for t, _ in theirs)
-        same = ours[0][1] == theirs[0][1]
-        print(f"{batch:>5}{batch * NEW / ours_s:>15.0f}{batch * NEW / theirs_s:>10.0f}"
-              f"{theirs_s / ours_s:>7.2f}{str(same):>13}")
+        prompts = [[rng.randrange(3, 49000) for _ in range(STEP_PROMPT)] for _ in range(batch)]
+        ours, theirs = [], []
+        for _ in range(3):
+            ours.append(engine_decode_step_s(model, tokenizer, prompts))
+            one, _ = hf_generate(hf, prompts, 1)
+            many, _ = hf_generate(hf, prompts, STEP_TOKENS + 1)
+            theirs.append((many - one) / STEP_TOKENS)
+        o, h = statistics.median(ours), statistics.median(theirs)
+        print(f"{batch:>5}{o * 1e3:>12.1f}{h * 1e3:>9.1f}{h / o:>14.2f}")
+    prompt = [rng.randrange(3, 49000) for _ in range(512)]
+    ours, theirs = [], []
+    for _ in range(3):
+        engine = Engine(model, tokenizer, 64)
+        engine.add(0, prompt, SamplingParams(max_tokens=1))
+        start = time.process_time()
+        engine.run([], [(0, 512)])
+        ours.append(time.process_time() - start)
+        start = time.process_time()
+        with torch.no_grad():
+            hf(torch.tensor([prompt]))
+        theirs.append(time.process_time() - start)
+    o, h = statistics.median(ours), statistics.median(theirs)
+    print(f"prefill 512 tokens: pdserve {o * 1e3:.0f} ms, HF {h * 1e3:.0f} ms, "
+          f"HF / pdserve {h / o:.2f}")
 
 
-def transfer_source(name: str, shape: tuple, ready, done) -> None:
-    """Child: a shared pool filled with data, kept alive until the parent is done."""
-    blocks, layers, _, block_size, kv_heads, dim = shape
-    pool = PagedKVPool(blocks, layers, kv_heads, dim, block_size, shared_name=name)
-    pool.data.normal_()
-    ready.set()
-    done.wait(120)
-    pool.close()
+def served_workload(count: int, rng: random.Random) -> list[tuple[list[int], int]]:
+    return [([rng.randrange(3, 49000) for _ in range(rng.randint(16, 256))],
+             rng.randint(4, 96)) for _ in range(count)]
 
 
-def transfer_table() -> None:
-    model, _ = load_model("tiny")
-    c = model.config
-    target = PagedKVPool(TRANSFER_BLOCKS, c.num_layers, c.num_kv_heads, c.head_dim)
+def engine_serve(model, tokenizer, work, max_batch: int) -> tuple[float, list[list[int]]]:
+    engine = Engine(model, tokenizer, 2048)
+    local = LocalScheduler(0, total_blocks=2048, chunk_size_tokens=512,
+                           max_batch_size=max_batch)
+    start = time.process_time()
+    for i, (prompt, output) in enumerate(work):
+        engine.add(i, prompt, SamplingParams(max_tokens=output, ignore_eos=True))
+        local.enqueue_prefill(Request(i, 0.0, len(prompt), output))
+    while (plan := local.plan()) is not None:
+        outputs = engine.execute(plan)
+        result = local.complete(plan, stopped=frozenset(
+            o.request_id for o in outputs if o.finish_reason))
+        for request in result.prefilled:
+            local.continue_in_place(request)
+        for request in result.finished:
+            engine.release(request.request_id)
+    seconds = time.process_time() - start
+    return seconds, [engine.sequences[i].generated if i in engine.sequences else []
+                     for i in range(len(work))]
+
+
+def serve_table(model, tokenizer, hf, requests: int, rng: random.Random) -> None:
+    work = served_workload(requests, rng)
+    useful = sum(output for _, output in work)
+    print(f"\nserved throughput, {requests} requests, prompts 16-256, outputs 4-96 tokens "
+          f"({useful} output tokens)")
+    print(f"{'max batch':>9}{'pdserve tok/s':>15}{'HF tok/s':>10}{'pdserve / HF':>14}")
+    reference = hf_generate(hf, [work[0][0]], work[0][1])[1][0]
+    for batch in (8, 32):
+        ours_s, ours_tokens = engine_serve(model, tokenizer, work, batch)
+        theirs_s = 0.0
+        for first in range(0, len(work), batch):
+            group = work[first:first + batch]
+            theirs_s += hf_generate(hf, [p for p, _ in group], max(o for _, o in group))[0]
+        print(f"{batch:>9}{useful / ours_s:>15.1f}{useful / theirs_s:>10.1f}"
+              f"{theirs_s / ours_s:>14.2f}")
+    print(f"  same greedy tokens as HF on request 0: {ours_tokens[0] == reference}")
+
+
+def profile_table(model, tokenizer, rng: random.Random) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = Engine(model, tokenizer, 512)
+    for i in range(8):
+        engine.add(i, [rng.randrange(3, 49000) for _ in range(STEP_PROMPT)],
+                   SamplingParams(max_tokens=64, ignore_eos=True))
+    engine.run([], [(i, STEP_PROMPT) for i in range(8)])
+    engine.run(list(range(8)), [])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            engine.run(list(range(8)), [])
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    print("\nwhere a batch-8 decode step's time goes (torch profiler, self time)")
+    for event in events[:8]:
+        print(f"  {event.key:<50}{100 * event.self_cpu_time_total / total:6.1f} %"
+              f"{event.count / 10:8.0f} calls/step")
+
+
+def _resident_worker(private: bool, ready, done) -> None:
+    torch.set_num_threads(1)
+    model, tokenizer = load_model("")
+    if private:  # what each worker would hold without the shared file
+        for parameter in model.parameters():
+            parameter.data = parameter.data.clone()
+    engine = Engine(model, tokenizer, 64)
+    engine.add(0, [5] * 32, SamplingParams(max_tokens=2))
+    engine.run([], [(0, 32)])  # touch every weight once
+    ready.put(None)
+    done.wait(300)
+
+
+def _pss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no Pss for {pid}")
+
+
+def workers_pss_mib(count: int, private: bool) -> float:
     context = multiprocessing.get_context("spawn")
-    ready, done = context.Event(), context.Event()
-    name = f"pdserve-bench-{os.getpid()}"
-    child = context.Process(target=transfer_source, args=(name, target.shape, ready, done))
-    child.start()
+    ready, done = context.Queue(), context.Event()
+    workers = [context.Process(target=_resident_worker, args=(private, ready, done))
+               for _ in range(count)]
+    for worker in workers:
+        worker.start()
     try:
-        if not ready.wait(60):
-            raise RuntimeError("the source process did not start")
-        source = attach_pool(name, target)
-        blocks = list(range(TRANSFER_BLOCKS))
-        size = TRANSFER_BLOCKS * target.block_bytes
-        print(f"\nKV transfer between two processes, {TRANSFER_BLOCKS} blocks = "
-              f"{size / 2**20:.0f} MiB of tiny's KV")
-        for label, copy in (("aligned (1 copy)", copy_aligned),
-                            (f"per block ({TRANSFER_BLOCKS} copies)", copy_per_block)):
-            times = []
-            for _ in range(6):
-                start = time.perf_counter()
-                copy(source, target, blocks, blocks)
-                times.append(time.perf_counter() - start)
-            seconds = statistics.median(times[1:])
-            print(f"  {label:<24} {seconds * 1e3:7.2f} ms  {size / seconds / 1e9:6.2f} GB/s")
-        assert torch.equal(source.data, target.data)
-        source.close()
+        for _ in workers:
+            ready.get(timeout=300)
+        return sum(_pss_mib(w.pid) for w in workers if w.pid is not None)
     finally:
         done.set()
-        child.join(60)
+        for worker in workers:
+            worker.join(60)
 
 
-SAMPLER_SETUPS = {
-    "greedy": SamplingParams(),
-    "temperature 0.8": SamplingParams(temperature=0.8),
-    "+ top-k 50, top-p 0.9": SamplingParams(temperature=0.8, top_k=50, top_p=0.9),
-    "+ penalties, bias, min-p, logprobs 5": SamplingParams(
-        temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, presence_penalty=0.5,
-        frequency_penalty=0.5, repetition_penalty=1.1, logit_bias=((7, 2.0), (9, -5.0)),
-        logprobs=5),
-}
-
-
-class BenchRow:
-    def __init__(self, request_id: int, params: SamplingParams, vocab: int) -> None:
-        rng = random.Random(request_id)
-        self.request_id, self.params, self.prompt_tokens = request_id, params, 256
-        self.token_ids = [rng.randrange(vocab) for _ in range(512)]
-
-
-def sampler_table(batch: int = 32) -> None:
-    print(f"\nsampler per step, batch {batch}, 512-token contexts (256 prompt + 256 output)")
-    print(f"{'setup':<38}{'vocab 2048 us':>15}{'vocab 151936 us':>17}")
-    for label, params in SAMPLER_SETUPS.items():
-        cells = []
-        for vocab in (2048, 151936):
-            logits = torch.randn(batch, vocab)
-            rows = [BenchRow(i, params, vocab) for i in range(batch)]
-            times = []
-            for _ in range(7):
-                start = time.perf_counter()
-                tokens = sample_batch(logits, rows, eos_token_ids=(2,))
-                if params.logprobs is not None:
-                    token_logprobs(logits, tokens, [params.logprobs] * batch)
-                times.append(time.perf_counter() - start)
-            cells.append(statistics.median(times[1:]) * 1e6)
-        print(f"{label:<38}{cells[0]:>15.0f}{cells[1]:>17.0f}")
-
-
-def prefill_scenario(rng: random.Random) -> list[tuple[list[int], list[int]]]:
-    """P->D hand-offs: prompts allocated whole on a churned sender and receiver."""
-    sender, receiver = SegmentAllocator(4096), SegmentAllocator(4096)
-    for allocator in (sender, receiver):
-        live: dict[int, list[int]] = {}
-        for _ in range(3000):
-            if live and (rng.random() < 0.3 or allocator.free_blocks < 40):
-                allocator.free(live.pop(rng.choice(list(live))))
-            else:
-                owned = live.setdefault(rng.randrange(200), [])
-                count = min(rng.randint(1, 12), allocator.free_blocks)
-                owned += allocator.allocate(count, after=owned[-1] if owned else None)
-    pairs = []
-    for _ in range(200):
-        length = rng.randint(1, 64)
-        src, dst = sender.allocate(length), receiver.allocate(length)
-        pairs.append((src, dst))
-        sender.free(src)
-        receiver.free(dst)
-    return pairs
-
-
-def decode_growth_scenario(rng: random.Random) -> list[tuple[list[int], list[int]]]:
-    """Moves of running decodes (ARES-style migration): 64 sequences start with a prompt
-    and then grow one block at a time, interleaved, on both sides."""
-    pairs = []
-    for _ in range(4):
-        sides = []
-        for _ in range(2):
-            allocator = SegmentAllocator(4096)
-            sequences = [allocator.allocate(rng.randint(1, 16)) for _ in range(64)]
-            for _ in range(20):
-                for blocks in sequences:
-                    if rng.random() < 0.5:
-                        blocks += allocator.allocate(1, after=blocks[-1])
-            sides.append(sequences)
-        for src, dst in zip(*sides, strict=True):
-            size = min(len(src), len(dst))
-            pairs.append((src[:size], dst[:size]))
-    return pairs
-
-
-def copies_table() -> None:
-    rng = random.Random(1)
-    layers = 4
-    print(f"\ncopy operations per transfer (tiny has {layers} layers)")
-    print(f"{'scenario':<34}{'aligned':>9}{'per block':>11}{'per block per layer':>21}")
-    for label, pairs in (("P->D after prefill (churned pools)", prefill_scenario(rng)),
-                         ("running decode, grown interleaved", decode_growth_scenario(rng))):
-        aligned = statistics.mean(len(align(src, dst)) for src, dst in pairs)
-        per_block = statistics.mean(len(src) for src, _ in pairs)
-        print(f"{label:<34}{aligned:>9.2f}{per_block:>11.2f}{per_block * layers * 2:>21.2f}")
+def memory_table() -> None:
+    one = workers_pss_mib(1, private=False)
+    four = workers_pss_mib(4, private=False)
+    four_private = workers_pss_mib(4, private=True)
+    print("\nmemory of worker processes (PSS, each with the model and a 64-block KV pool)")
+    print(f"  1 worker: {one:.0f} MiB; 4 workers sharing the weight file: {four:.0f} MiB "
+          f"({four / one:.2f}x one); 4 with private copies: {four_private:.0f} MiB "
+          f"({four_private / one:.2f}x)")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=24)
+    args = parser.parse_args()
     torch.set_num_threads(1)
-    decode_table()
-    transfer_table()
-    sampler_table()
-    copies_table()
+    rng = random.Random(0)
+    model, tokenizer = load_model("")
+    hf = reference_model()
+    step_table(model, tokenizer, hf, rng)
+    serve_table(model, tokenizer, hf, args.requests, rng)
+    profile_table(model, tokenizer, rng)
+    memory_table()
 
 
 if __name__ == "__main__":

@@ -134,9 +134,9 @@ class Attention(nn.Module):
         assert batch.decode_tables is not None and batch.decode_context is not None
         decodes, tables = q.shape[0], batch.decode_tables
         # one gather each for K and V ([d, n, block, kv_heads, dim], contiguous) and views
-        keys = pool.data[tables, self.layer, 0].view(decodes, -1, self.kv_heads, self.head_dim)
-        values = pool.data[tables, self.layer, 1].view(decodes, -1, self.kv_heads,
-                                                        self.head_dim)
+        keys, values = pool.gather(self.layer, tables)
+        keys = keys.view(decodes, -1, self.kv_heads, self.head_dim)
+        values = values.view(decodes, -1, self.kv_heads, self.head_dim)
         width = keys.shape[1]
         mask = torch.arange(width).unsqueeze(0) < batch.decode_context.unsqueeze(1)
         out = F.scaled_dot_product_attention(

@@ -94,8 +94,10 @@ def build_app(config: ServeConfig) -> FastAPI:
     log.info("model %s (%s): context %d tokens, vocabulary %d, chat template %s, stop "
              "tokens %s", served.name, served.location, context, served.config.vocab_size,
              template.origin, list(served.config.eos_token_ids))
+    weights_identity = config.model or served.name
     if served.kind != "named":
         weights = prepare_weights(served)
+        weights_identity = weights.stem
         log.info("weights: %s (shared by every worker, %.0f MB)", weights,
                  weights.stat().st_size / 1e6)
     kv_blocks = kv_blocks_for(config, served.config)
@@ -105,12 +107,12 @@ def build_app(config: ServeConfig) -> FastAPI:
         perf = PerfModel.load(config.perf_model)
         log.info("performance model loaded from %s", config.perf_model)
     else:
-        from pdserve.engine.profile import QUICK_GRID, profile_engine
+        from pdserve.engine.profile_cache import start_up_profile
 
-        log.info("profiling the engine (quick grid; --perf-model skips this)")
-        perf = profile_engine(config.model, kv_blocks, QUICK_GRID,
-                              lambda message: log.info("  profile: %s", message))
-        log.info("profile done in %.1fs", time.monotonic() - started)
+        log.info("performance model: the quick start-up profile (--perf-model skips it)")
+        perf, origin = start_up_profile(config.model, weights_identity, kv_blocks,
+                                        lambda message: log.info("  profile: %s", message))
+        log.info("profile %s (%.1fs since start)", origin, time.monotonic() - started)
     policy, count = build_policy(config.policy, PolicySetup(
         perf, SLO(config.ttft_slo_s, config.tpot_slo_s), instances=config.instances,
         prefill=config.prefill, decode=config.decode,
