@@ -62,7 +62,10 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--perf-model", help="fitted performance model file (from pdserve profile)")
     c.add_argument("--chunk-size", type=int, help="per-step token budget per instance [2048]")
     c.add_argument("--max-batch-size", type=int, help="max sequences per instance [256]")
-    c.add_argument("--transfer-calls", type=int, help="transfer calls per KV hand-off [1]")
+    c.add_argument("--transfer-mode", choices=["aligned", "per-block-per-layer", "fixed"],
+                   help="count a KV transfer's calls: runs after FlowKV alignment, one per "
+                   "block per layer (K and V), or --transfer-calls [aligned]")
+    c.add_argument("--transfer-calls", type=int, help="calls per KV hand-off, fixed mode [1]")
     c.add_argument("--instances-per-node", type=int, help="instances per node, filled in id "
                    "order [as many as fit on 8 GPUs at the tp degree]")
     c.add_argument("--intra-node-link", help="link inside a node: 'gpu' (the GPU's, as the "

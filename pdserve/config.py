@@ -48,7 +48,8 @@ class SimConfig:
     # instances
     chunk_size_tokens: int = 2048
     max_batch_size: int = 256
-    transfer_calls: int = 1
+    transfer_calls: int = 1  # per KV hand-off, with transfer_mode "fixed"
+    transfer_mode: str = "aligned"  # aligned | per-block-per-layer | fixed (pdserve.sim.blocks)
     # cluster network (pdserve.cluster.topology): instances fill nodes in id order
     instances_per_node: int = 0  # 0: as many as fit on an 8-GPU node at the tp degree
     intra_node_link: str = "gpu"  # the GPU's link as the perf model prices it, or a named link
@@ -94,6 +95,9 @@ class SimConfig:
                 network_link(value)
             except ValueError as err:
                 raise ValueError(f"config field {name!r}: {err}") from None
+        if self.transfer_mode not in ("aligned", "per-block-per-layer", "fixed"):
+            raise ValueError(f"config field 'transfer_mode' must be aligned, "
+                             f"per-block-per-layer or fixed, got {self.transfer_mode!r}")
         if self.tp < 0:
             raise ValueError(f"config field 'tp' must not be negative, got {self.tp}")
         if not 0 < self.goodput_target <= 1:

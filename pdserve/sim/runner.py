@@ -18,6 +18,7 @@ from pdserve.cluster.topology import GPU_LINK, Link, Topology, gpu_link, network
 from pdserve.config import SimConfig
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp, perf_model
+from pdserve.perf.specs import model_spec
 from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO
@@ -47,6 +48,11 @@ def load_perf_model(config: SimConfig) -> PerfModel:
 
 
 GPUS_PER_NODE = 8  # the papers' servers (DGX/HGX: 8 GPUs on one NVSwitch)
+
+
+def kv_layers(config: SimConfig) -> int:
+    """The model's layers (per-block-per-layer transfer pricing); 32 for a fitted file."""
+    return 32 if config.perf_model else model_spec(config.model).layers
 
 
 def tp_degree(config: SimConfig) -> int:
@@ -97,7 +103,8 @@ class Experiment:
             arrow_min_dwell_s=config.arrow_min_dwell_s,
             arrow_monitor_cooldown_s=config.arrow_monitor_cooldown_s))
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
-                               config.transfer_calls, config.monitor_interval_s, max_span_steps)
+                               config.transfer_calls, config.monitor_interval_s, max_span_steps,
+                               config.transfer_mode, kv_layers(config))
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
         topology = build_topology(config, self.perf, count)
         return Simulator(policy, count, self.perf, settings, topology).run(

@@ -47,6 +47,7 @@ from pdserve.cluster.topology import Topology
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
+from pdserve.sim.blocks import TRANSFER_MODES, BlockTable
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.links import LinkSimulator
 from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
@@ -88,6 +89,7 @@ class SimResult:
     end_s: float = 0.0
     events: int = 0
     initial_roles: list[Role] = field(default_factory=list)
+    transfer_calls: dict[int, int] = field(default_factory=dict)  # request id -> calls (sum)
 
     @property
     def flips(self) -> int:
@@ -106,14 +108,20 @@ class SimResult:
 class SimSettings:
     chunk_size_tokens: int = 2048
     max_batch_size: int = 256
-    transfer_calls: int = 1
+    transfer_calls: int = 1  # per hand-off, in the "fixed" transfer mode
     monitor_interval_s: float = 1.0
     max_span_steps: int = 1 << 20  # 1 = step by step
+    transfer_mode: str = "aligned"  # how a transfer's calls are counted (`sim.blocks`)
+    kv_layers: int = 32  # layers, for the per-block-per-layer transfer mode
 
     def __post_init__(self) -> None:
-        for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps"):
+        for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps",
+                     "kv_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.transfer_mode not in TRANSFER_MODES:
+            raise ValueError(f"transfer_mode must be one of {', '.join(TRANSFER_MODES)}, got "
+                             f"{self.transfer_mode!r}")
         if not self.monitor_interval_s > 0:
             raise ValueError(f"monitor_interval_s must be positive, got {self.monitor_interval_s}")
 
@@ -144,6 +152,9 @@ class Simulator:
                                        self.settings.max_batch_size, policy.queue_order()),
                         model, self.view, self.settings.max_span_steps)
             for i, model in enumerate(self.perfs)]
+        if self.settings.transfer_mode == "aligned":  # block ids only matter for alignment
+            for instance in self.instances:
+                instance.blocks = BlockTable(instance.local.total_blocks)
         self.view.instances = self.instances
         self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
@@ -159,6 +170,7 @@ class Simulator:
         self._transfer_start_s: dict[int, float] = {}  # KV on the wire: request -> start
         self._link_event_s = math.inf  # when the pending link event is due
         self._link_version = 0  # bumps when the pending link event is superseded
+        self._calls: dict[int, int] = {}  # transfer calls per request
 
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:
@@ -248,12 +260,24 @@ class Simulator:
         for request in target.local.admit_transfers():
             source = self._transfer_source[request.request_id]
             num_bytes = (request.sequence_tokens - 1) * self.perfs[source].kv_bytes_per_token
-            self.links.start(request, now, source, target.local.instance_id, num_bytes,
-                             self.settings.transfer_calls)
+            calls = self._transfer_calls(request, self.instances[source], target)
+            self._calls[request.request_id] = self._calls.get(request.request_id, 0) + calls
+            self.links.start(request, now, source, target.local.instance_id, num_bytes, calls)
             self._transfer_start_s[request.request_id] = now
             started = True
         if started:
             self._schedule_links()
+
+    def _transfer_calls(self, request: Request, source: SimInstance,
+                        target: SimInstance) -> int:
+        settings = self.settings
+        if target.blocks is None or source.blocks is None:
+            if settings.transfer_mode == "per-block-per-layer":
+                return request.kv_blocks * settings.kv_layers * 2
+            return settings.transfer_calls
+        target.blocks.resize(request.request_id, request.kv_blocks)
+        return target.blocks.transfer_calls(source.blocks, request, settings.transfer_mode,
+                                            settings.kv_layers, settings.transfer_calls)
 
     def _schedule_links(self) -> None:
         """Keep one pending event at the links' next join or end."""
@@ -278,6 +302,8 @@ class Simulator:
         now = self.view.now_s
         self._record_tokens(instance, plan, now)
         result = instance.local.complete(plan, now - instance.start_s)
+        if instance.blocks is not None and result.finished:
+            instance.blocks.free_all(result.finished)
         handle = self.scheduler.handle
         for request in result.finished:
             if math.isnan(request.first_token_s):
@@ -317,6 +343,8 @@ class Simulator:
         target = self.instances[request.decode_instance]
         self._touch(source)
         source.local.release_handoff(request)
+        if source.blocks is not None:
+            source.blocks.free(request.request_id)
         if source.local.transfer_queue:  # the freed blocks may admit KV waiting to come in
             self._start_transfers(source)
         self._touch(target)
@@ -385,4 +413,4 @@ class Simulator:
         if on_progress is not None:
             on_progress(self._completed)
         return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
-                         self._initial_roles)
+                         self._initial_roles, self._calls)
