@@ -40,6 +40,7 @@ class Role(enum.Enum):
     P_TO_D = "prefill->decode"
     D_TO_P = "decode->prefill"
     MIXED = "mixed"  # colocated: both phases, chunked prefill next to decodes
+    RESERVE = "reserve"  # held back for elastic scaling (FlowKV): takes no new work
 
     @property
     def takes_prefill(self) -> bool:

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdserve.instance.phase_priority import PhasePriority, prefill_only_plan
 from pdserve.instance.prefill_queue import PrefillQueue
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
@@ -79,6 +80,8 @@ class LocalScheduler:
         self.preemptions_total = 0
         self.decode_steps_total = 0
         self.decode_busy_s_total = 0.0
+        self.busy_s_total = 0.0
+        self.phase_priority = PhasePriority.DECODE_FIRST  # `phase_priority.py`
 
     # ---- InstanceLoad ----
     @property
@@ -104,6 +107,14 @@ class LocalScheduler:
     @property
     def used_blocks(self) -> int:
         return self.total_blocks - self.free_blocks
+
+    @property
+    def prefill_running_len(self) -> int:
+        return len(self.prefills.active)
+
+    @property
+    def sending_len(self) -> int:
+        return len(self.held)
 
     # ---- work coming in ----
     def enqueue_prefill(self, request: Request) -> None:
@@ -183,6 +194,10 @@ class LocalScheduler:
     def plan(self, max_steps: int = 1) -> BatchPlan | None:
         """Form the next batch, or None when there is nothing to run."""
         self._join_ready()
+        if self.phase_priority is PhasePriority.PREFILL_FIRST:
+            prefill_first = prefill_only_plan(self)
+            if prefill_first is not None:
+                return prefill_first
         preemptions_before = self.preemptions_total
         self._grow_decodes()
         decodes = list(self.running.values())
@@ -327,6 +342,7 @@ class LocalScheduler:
         `stopped` names requests the engine ended early (EOS or a stop string)."""
         steps = plan.steps
         result = BatchResult()
+        self.busy_s_total += duration_s
         if plan.decodes:
             self.decode_steps_total += steps
             self.decode_busy_s_total += duration_s

@@ -37,6 +37,7 @@ from pdserve.cluster.messages import (
     PrefillDone,
     Reject,
     SetChunkSize,
+    SetPhasePriority,
     SetRole,
     Tick,
 )
@@ -59,6 +60,7 @@ from pdserve.live.messages import (
     Prefilled,
     ReleaseKV,
     SetChunk,
+    SetPriority,
     StatsReport,
     StepDone,
     Transferred,
@@ -189,6 +191,10 @@ class LiveDriver(Failover):
                          action.reason)
             elif isinstance(action, SetChunkSize):
                 self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
+            elif isinstance(action, SetPhasePriority):
+                log.info("instance %d serves %s first: %s", action.instance_id,
+                         action.priority.value, action.reason)
+                self._send(action.instance_id, SetPriority(action.priority.value))
             elif isinstance(action, Migrate):
                 if action.request.request_id in self.live:
                     self._migration_targets[action.request.request_id] = action.target_id

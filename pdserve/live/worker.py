@@ -30,6 +30,7 @@ from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
 from pdserve.engine.transfer import attach_pool
 from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.instance.stats import InstanceStats
 from pdserve.live.batch_guard import describe, run_guarded
 from pdserve.live.faults import install_from_env
@@ -46,6 +47,7 @@ from pdserve.live.messages import (
     Prefilled,
     ReleaseKV,
     SetChunk,
+    SetPriority,
     Shutdown,
     StatsReport,
     StepDone,
@@ -61,7 +63,8 @@ IDLE_REPORT_S = 0.5  # an idle worker's load report interval (when its load chan
 
 class Worker:
     def __init__(self, instance_id: int, model_name: str, seed: int, num_blocks: int,
-                 chunk_size_tokens: int, max_batch_size: int, connection: Connection) -> None:
+                 chunk_size_tokens: int, max_batch_size: int, connection: Connection,
+                 phase_priority: str = "decode-first") -> None:
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.connection = connection
@@ -70,6 +73,7 @@ class Worker:
                              shared_name=f"pdserve-{os.getpid()}-{instance_id}")
         install_from_env(self.engine)
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size)
+        self.local.phase_priority = parse_phase_priority(phase_priority)
         self.step_log = StepLog.from_env(instance_id)  # in-situ profile rows, when asked
         self.requests: dict[int, Request] = {}
         self.handoffs: dict[int, AdoptKV] = {}
@@ -180,6 +184,8 @@ class Worker:
             self.drop(command.request_id)
         elif isinstance(command, SetChunk):
             local.chunk_size_tokens = command.chunk_size_tokens
+        elif isinstance(command, SetPriority):
+            local.phase_priority = parse_phase_priority(command.priority)
         elif isinstance(command, ForgetPool):
             pool = self.peers.pop(command.pool_name, None)
             if pool is not None:
@@ -251,7 +257,8 @@ class Worker:
 
 
 def worker_main(instance_id: int, model_name: str, seed: int, num_blocks: int,
-                chunk_size_tokens: int, max_batch_size: int, connection: Connection) -> None:
+                chunk_size_tokens: int, max_batch_size: int, connection: Connection,
+                phase_priority: str = "decode-first") -> None:
     """Entry point of a worker process."""
     Worker(instance_id, model_name, seed, num_blocks, chunk_size_tokens, max_batch_size,
-           connection).serve()
+           connection, phase_priority).serve()

@@ -140,7 +140,8 @@ def build_app(config: ServeConfig) -> FastAPI:
         chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size))
     driver = LiveDriver(policy, count, served.tokenizer, WorkerSettings(
         config.model, config.seed, config.kv_blocks, config.chunk_size_tokens,
-        config.max_batch_size), config.monitor_interval_s, config.max_outstanding)
+        config.max_batch_size, policy.phase_priority.value), config.monitor_interval_s,
+        config.max_outstanding)
     return create_app(driver, ServerSettings(
         config.served_model_name or served.name, context, served.vocab_size,
         config.api_key or None, config.max_body_bytes, template,

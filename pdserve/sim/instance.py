@@ -128,6 +128,20 @@ class SimInstance:
         return self.local.decode_steps_total + self._steps_done(plan)
 
     @property
+    def prefill_running_len(self) -> int:
+        return self.local.prefill_running_len
+
+    @property
+    def sending_len(self) -> int:
+        return self.local.sending_len
+
+    @property
+    def busy_s_total(self) -> float:
+        """Spans are decode-only, so their finished steps count as in decode_busy_s_total."""
+        return self.local.busy_s_total + (self.decode_busy_s_total
+                                          - self.local.decode_busy_s_total)
+
+    @property
     def decode_busy_s_total(self) -> float:
         plan = self.plan
         if plan is None or plan.steps == 1:

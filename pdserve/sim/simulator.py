@@ -39,6 +39,7 @@ from pdserve.cluster.messages import (
     PrefillDone,
     Reject,
     SetChunkSize,
+    SetPhasePriority,
     SetRole,
     Tick,
 )
@@ -152,6 +153,8 @@ class Simulator:
                                        self.settings.max_batch_size, policy.queue_order()),
                         model, self.view, self.settings.max_span_steps)
             for i, model in enumerate(self.perfs)]
+        for instance in self.instances:
+            instance.local.phase_priority = policy.phase_priority
         if self.settings.transfer_mode == "aligned":  # block ids only matter for alignment
             for instance in self.instances:
                 instance.blocks = BlockTable(instance.local.total_blocks)
@@ -215,6 +218,10 @@ class Simulator:
                 instance = self.instances[action.instance_id]
                 self._touch(instance)
                 instance.local.chunk_size_tokens = action.chunk_size_tokens
+            elif type(action) is SetPhasePriority:
+                instance = self.instances[action.instance_id]
+                self._touch(instance)
+                instance.local.phase_priority = action.priority
             elif type(action) is Migrate:
                 source = self.instances[action.source_id]
                 self._touch(source)  # the move happens at the source's next step boundary
