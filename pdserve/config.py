@@ -54,6 +54,7 @@ class SimConfig:
     instances_per_node: int = 0  # 0: as many as fit on an 8-GPU node at the tp degree
     intra_node_link: str = "gpu"  # the GPU's link as the perf model prices it, or a named link
     inter_node_link: str = "rdma-200g"  # rdma-100g/200g/400g, tcp-25g/100g, custom:GBps:us
+    prefix_block_tokens: int = 512  # tokens per prefix hash (Mooncake: 512); 0: no prefix cache
     monitor_interval_s: float = 1.0
     monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
     arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
@@ -98,6 +99,9 @@ class SimConfig:
         if self.transfer_mode not in ("aligned", "per-block-per-layer", "fixed"):
             raise ValueError(f"config field 'transfer_mode' must be aligned, "
                              f"per-block-per-layer or fixed, got {self.transfer_mode!r}")
+        if self.prefix_block_tokens < 0 or self.prefix_block_tokens % 16:
+            raise ValueError(f"config field 'prefix_block_tokens' must be a multiple of 16 "
+                             f"(0: no prefix cache), got {self.prefix_block_tokens}")
         if self.tp < 0:
             raise ValueError(f"config field 'tp' must not be negative, got {self.tp}")
         if not 0 < self.goodput_target <= 1:

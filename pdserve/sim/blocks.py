@@ -6,7 +6,10 @@ counts with real ids from the engine's `SegmentAllocator` at the points where th
 allocates and frees: a batch's sequences grow when it starts (preempted ones drop their KV
 first), a cut span gives back its later steps' blocks, finished sequences free theirs, an
 incoming transfer allocates its blocks when admitted, and the sender frees its copy when the
-transfer lands. Inside a multi-step span the decodes grow in the order a step-by-step run
+transfer lands. With a prefix cache (`pdserve.instance.prefix_cache`) the table follows its
+events: a hit starts a request's list with its entries' ids, a donation hands ids to the
+cache, an eviction frees them, and a request frees only the ids it owns. Inside a multi-step
+span the decodes grow in the order a step-by-step run
 grows them (by step, then batch order), so both modes see the same ids.
 
 Transfer pricing (`transfer_calls`):
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pdserve.instance.local_scheduler import BatchPlan
+from pdserve.instance.prefix_cache import CachedBlockIds, PrefixCache
 from pdserve.instance.segments import SegmentAllocator, align
 from pdserve.types import KV_BLOCK_TOKENS, Request
 
@@ -29,9 +33,25 @@ TRANSFER_MODES = ("aligned", "per-block-per-layer", "fixed")
 
 
 class BlockTable:
-    def __init__(self, total_blocks: int) -> None:
+    def __init__(self, total_blocks: int, cache: PrefixCache | None = None) -> None:
         self.allocator = SegmentAllocator(total_blocks)
         self.blocks: dict[int, list[int]] = {}  # request id -> its block ids, in order
+        self.cache = cache
+        self.cached_ids = CachedBlockIds(cache.kv_blocks_per_entry if cache is not None else 1)
+        self.shared: dict[int, int] = {}  # request id -> leading ids the cache owns
+
+    def sync_cache(self) -> None:
+        """Follow the prefix cache: evicted entries free their ids, donated blocks become
+        the cache's."""
+        if self.cache is None:
+            return
+        evicted, donated = self.cache.take_events()
+        if evicted:
+            self.allocator.free(self.cached_ids.evict(evicted))
+        per_entry = self.cached_ids.per_entry
+        for request_id, index, block_hash in donated:
+            self.cached_ids.donate(block_hash, self.blocks[request_id], index)
+            self.shared[request_id] = (index + 1) * per_entry
 
     def resize(self, request_id: int, count: int) -> None:
         """Grow (continuing the last run where possible) or cut a request's blocks."""
@@ -44,20 +64,31 @@ class BlockTable:
             del blocks[count:]
 
     def free(self, request_id: int) -> None:
+        """The request's own ids go back; those the cache owns stay with their entry."""
         blocks = self.blocks.pop(request_id, None)
-        if blocks:
-            self.allocator.free(blocks)
+        shared = self.shared.pop(request_id, 0)
+        if blocks and len(blocks) > shared:
+            self.allocator.free(blocks[shared:])
 
-    def free_all(self, requests: Iterable[Request]) -> None:
-        for request in requests:
+    def done(self, finished: Iterable[Request]) -> None:
+        """A batch ended: take the cache's events, free the finished requests' ids."""
+        self.sync_cache()
+        for request in finished:
             self.free(request.request_id)
 
     # ---- following the local scheduler ----
     def start(self, plan: BatchPlan) -> None:
         """A batch starts: preempted sequences lose their KV, the others grow to their
         planned counts."""
+        self.sync_cache()
         for request in plan.preempted:
             self.free(request.request_id)
+        if self.cache is not None:
+            for request, _ in plan.chunks:
+                if request.cached_blocks and request.request_id not in self.blocks:
+                    self.blocks[request.request_id] = self.cached_ids.hit(
+                        request.hash_ids[:request.cached_blocks])
+                    self.shared[request.request_id] = len(self.blocks[request.request_id])
         if plan.steps > 1:
             self._grow_span(plan.decodes)
         else:

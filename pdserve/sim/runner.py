@@ -104,7 +104,8 @@ class Experiment:
             arrow_monitor_cooldown_s=config.arrow_monitor_cooldown_s))
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
                                config.transfer_calls, config.monitor_interval_s, max_span_steps,
-                               config.transfer_mode, kv_layers(config))
+                               config.transfer_mode, kv_layers(config),
+                               config.prefix_block_tokens)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
         topology = build_topology(config, self.perf, count)
         return Simulator(policy, count, self.perf, settings, topology).run(

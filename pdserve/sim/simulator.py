@@ -46,6 +46,7 @@ from pdserve.cluster.messages import (
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.cluster.topology import Topology
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
+from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
 from pdserve.sim.blocks import TRANSFER_MODES, BlockTable
@@ -114,12 +115,16 @@ class SimSettings:
     max_span_steps: int = 1 << 20  # 1 = step by step
     transfer_mode: str = "aligned"  # how a transfer's calls are counted (`sim.blocks`)
     kv_layers: int = 32  # layers, for the per-block-per-layer transfer mode
+    prefix_block_tokens: int = 0  # tokens per prefix hash; 0: no prefix cache
 
     def __post_init__(self) -> None:
         for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps",
                      "kv_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.prefix_block_tokens < 0 or self.prefix_block_tokens % KV_BLOCK_TOKENS:
+            raise ValueError(f"prefix_block_tokens must be a multiple of {KV_BLOCK_TOKENS} "
+                             f"(0: no prefix cache), got {self.prefix_block_tokens}")
         if self.transfer_mode not in TRANSFER_MODES:
             raise ValueError(f"transfer_mode must be one of {', '.join(TRANSFER_MODES)}, got "
                              f"{self.transfer_mode!r}")
@@ -153,11 +158,14 @@ class Simulator:
                                        self.settings.max_batch_size, policy.queue_order()),
                         model, self.view, self.settings.max_span_steps)
             for i, model in enumerate(self.perfs)]
+        aligned = self.settings.transfer_mode == "aligned"  # ids only matter for alignment
         for instance in self.instances:
-            instance.local.phase_priority = policy.phase_priority
-        if self.settings.transfer_mode == "aligned":  # block ids only matter for alignment
-            for instance in self.instances:
-                instance.blocks = BlockTable(instance.local.total_blocks)
+            local = instance.local
+            local.phase_priority = policy.phase_priority
+            if self.settings.prefix_block_tokens:
+                local.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, aligned)
+            if aligned:
+                instance.blocks = BlockTable(local.total_blocks, local.prefix_cache)
         self.view.instances = self.instances
         self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
@@ -282,6 +290,7 @@ class Simulator:
             if settings.transfer_mode == "per-block-per-layer":
                 return request.kv_blocks * settings.kv_layers * 2
             return settings.transfer_calls
+        target.blocks.sync_cache()
         target.blocks.resize(request.request_id, request.kv_blocks)
         return target.blocks.transfer_calls(source.blocks, request, settings.transfer_mode,
                                             settings.kv_layers, settings.transfer_calls)
@@ -309,8 +318,8 @@ class Simulator:
         now = self.view.now_s
         self._record_tokens(instance, plan, now)
         result = instance.local.complete(plan, now - instance.start_s)
-        if instance.blocks is not None and result.finished:
-            instance.blocks.free_all(result.finished)
+        if instance.blocks is not None:
+            instance.blocks.done(result.finished)
         handle = self.scheduler.handle
         for request in result.finished:
             if math.isnan(request.first_token_s):
