@@ -14,6 +14,7 @@ import numpy as np
 import yaml
 
 from pdserve.bench.traces import SHIPPED_TRACES
+from pdserve.cluster.hardware import instances_arg
 from pdserve.cluster.topology import NETWORK_LINKS
 from pdserve.config import SimConfig
 from pdserve.perf.specs import GPUS, MODELS
@@ -55,7 +56,10 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
                    help="replace the preset's decode router")
     c.add_argument("--prefill", type=int, help="prefill instances (disaggregated presets) [4]")
     c.add_argument("--decode", type=int, help="decode instances (disaggregated presets) [4]")
-    c.add_argument("--instances", type=int, help="instances (colocated preset) [8]")
+    c.add_argument("--instances", type=instances_arg, help="instances (colocated preset), or "
+                   "per-GPU groups COUNTxGPU[/tpN]:ROLE,... (roles prefill, decode, mixed, "
+                   "reserve), e.g. 4xl20:prefill,4xh20:decode [8]")
+    c.add_argument("--reserve", type=int, help="flowkv: instances held back for scaling [0]")
     c.add_argument("--model", help=f"model ({', '.join(MODELS)}) [llama-3.1-8b]")
     c.add_argument("--gpu", help=f"GPU ({', '.join(GPUS)}) [h800]")
     c.add_argument("--tp", type=int, help="tensor-parallel degree per instance [setup's]")
@@ -225,6 +229,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    choices=["critical", "error", "warning", "info", "debug"], help="[info]")
     p.add_argument("--kv-blocks", type=int, default=2048, help="KV blocks per worker [2048]")
     p.add_argument("--chunk-size", type=int, default=512, help="token budget per step [512]")
+    p.add_argument("--prefix-block-tokens", type=int, default=16, help="tokens per "
+                   "prefix-cache block hash; 0 turns prefix caching off [16]")
     p.add_argument("--max-batch-size", type=int, default=64, help="[64]")
     p.add_argument("--max-outstanding", type=int, default=256,
                    help="requests in flight before answering 429 [256]")
@@ -253,7 +259,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size, max_outstanding=args.max_outstanding,
         ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model,
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
-        chat_template=args.chat_template, max_body_bytes=args.max_body_bytes)
+        chat_template=args.chat_template, max_body_bytes=args.max_body_bytes,
+        prefix_block_tokens=args.prefix_block_tokens)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pdserve").setLevel(args.log_level.upper())
     # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, network_link
 
 
@@ -37,7 +38,8 @@ class SimConfig:
     policy: str = "static-pd"
     prefill_router: str = ""  # "" keeps the preset's component
     decode_router: str = ""
-    instances: int = 8  # colocated presets
+    instances: int | str = 8  # colocated presets; or groups: 4xl20:prefill,4xh20:decode
+    reserve: int = 0  # flowkv: instances held back for elastic scaling
     prefill: int = 4  # disaggregated presets
     decode: int = 4
     # hardware and performance model
@@ -68,7 +70,7 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         positive = ("rate_scale", "synthetic_requests", "synthetic_rate_rps", "synthetic_cv",
-                    "instances", "prefill", "decode", "chunk_size_tokens", "max_batch_size",
+                    "prefill", "decode", "chunk_size_tokens", "max_batch_size",
                     "transfer_calls", "monitor_interval_s", "monitor_window_s", "ttft_slo_s",
                     "tpot_slo_s", "goodput_tolerance")
         for name in positive:
@@ -83,6 +85,15 @@ class SimConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"config field {name!r} must not be negative, got "
                                  f"{getattr(self, name)!r}")
+        if isinstance(self.instances, str):
+            try:
+                parse_instances(self.instances)
+            except ValueError as err:
+                raise ValueError(f"config field 'instances': {err}") from None
+        elif not self.instances > 0:
+            raise ValueError(f"config field 'instances' must be positive, got {self.instances}")
+        if self.reserve < 0:
+            raise ValueError(f"config field 'reserve' must not be negative, got {self.reserve}")
         if self.start_s < 0:
             raise ValueError(f"config field 'start_s' must not be negative, got {self.start_s}")
         if self.instances_per_node < 0:

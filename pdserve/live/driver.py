@@ -46,6 +46,7 @@ from pdserve.engine.sampling import SamplingParams, TokenLogprob
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
+from pdserve.instance.prefix_cache import chain_hashes
 from pdserve.live import status
 from pdserve.live.failover import Failover
 from pdserve.live.messages import (
@@ -120,7 +121,9 @@ class LiveDriver(Failover):
         self._next_id += 1
         if params.seed is None:  # a re-run (a new attempt id) must draw as this one does
             params = replace(params, seed=self._next_id)
-        request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens)
+        block_tokens = self.workers.settings.prefix_block_tokens
+        request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens,
+                          hash_ids=chain_hashes(prompt_ids, block_tokens) if block_tokens else ())
         live = LiveRequest(request, tuple(prompt_ids), params,
                            TextStream(self.tokenizer, params.stop, params.min_tokens),
                            client_id=self._next_id)

@@ -19,9 +19,11 @@ from pdserve.config import SimConfig
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp, perf_model
 from pdserve.perf.specs import model_spec
+from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.sim.hetero import check_layout_roles, heterogeneous_layout
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
-from pdserve.types import SLO
+from pdserve.types import SLO, Role
 
 
 def load_workload(config: SimConfig) -> Workload:
@@ -95,9 +97,17 @@ class Experiment:
                  on_progress: Callable[[int], None] | None = None) -> SimResult:
         """One run at `rate_scale` (the config's by default)."""
         config = self.config
+        layout = heterogeneous_layout(config) if isinstance(config.instances, str) else None
+        perfs: tuple[PerfModel, ...] = layout.perfs if layout else ()
         policy, count = build_policy(config.policy, PolicySetup(
-            self.perf, self.slo, instances=config.instances, prefill=config.prefill,
-            decode=config.decode, chunk_size_tokens=config.chunk_size_tokens,
+            perfs[0] if perfs else self.perf, self.slo,
+            instances=len(perfs) if layout else int(config.instances),
+            prefill=layout.count(Role.PREFILL) if layout else config.prefill,
+            decode=layout.count(Role.DECODE) if layout else config.decode,
+            perfs=perfs, roles=layout.roles if layout and config.policy == "flowkv" else (),
+            reserve=config.reserve, flowkv=FlowKVSettings(
+                prefix_block_tokens=config.prefix_block_tokens or 512),
+            chunk_size_tokens=config.chunk_size_tokens,
             max_batch_size=config.max_batch_size, monitor_window_s=config.monitor_window_s,
             prefill_router=config.prefill_router, decode_router=config.decode_router,
             arrow_min_dwell_s=config.arrow_min_dwell_s,
@@ -107,8 +117,10 @@ class Experiment:
                                config.transfer_mode, kv_layers(config),
                                config.prefix_block_tokens)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
-        topology = build_topology(config, self.perf, count)
-        return Simulator(policy, count, self.perf, settings, topology).run(
+        if layout is not None:
+            check_layout_roles(config.policy, layout.roles)
+        topology = layout.topology if layout else build_topology(config, self.perf, count)
+        return Simulator(policy, count, list(perfs) or self.perf, settings, topology).run(
             workload.requests(), on_progress)
 
     def summarize(self, result: SimResult) -> Summary:
