@@ -40,6 +40,7 @@ class SimConfig:
     decode_router: str = ""
     instances: int | str = 8  # colocated presets; or groups: 4xl20:prefill,4xh20:decode
     reserve: int = 0  # flowkv: instances held back for elastic scaling
+    prefix_aware_routing: bool = True  # flowkv: prefill routing counts prefix-cache hits
     prefill: int = 4  # disaggregated presets
     decode: int = 4
     # hardware and performance model

@@ -105,7 +105,8 @@ class Experiment:
             prefill=layout.count(Role.PREFILL) if layout else config.prefill,
             decode=layout.count(Role.DECODE) if layout else config.decode,
             perfs=perfs, roles=layout.roles if layout and config.policy == "flowkv" else (),
-            reserve=config.reserve, flowkv=FlowKVSettings(
+            reserve=config.reserve, prefix_aware=config.prefix_aware_routing,
+            flowkv=FlowKVSettings(
                 prefix_block_tokens=config.prefix_block_tokens or 512),
             chunk_size_tokens=config.chunk_size_tokens,
             max_batch_size=config.max_batch_size, monitor_window_s=config.monitor_window_s,

@@ -92,6 +92,7 @@ class SimResult:
     events: int = 0
     initial_roles: list[Role] = field(default_factory=list)
     transfer_calls: dict[int, int] = field(default_factory=dict)  # request id -> calls (sum)
+    prefix_hit_tokens: int = 0  # prompt tokens the instances' prefix caches saved computing
 
     @property
     def flips(self) -> int:
@@ -428,5 +429,7 @@ class Simulator:
                         f"{STALL_TICKS} monitor ticks (KV memory that never frees?)")
         if on_progress is not None:
             on_progress(self._completed)
+        hits = sum(i.local.prefix_cache.hit_tokens_total for i in self.instances
+                   if i.local.prefix_cache is not None)
         return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
-                         self._initial_roles, self._calls)
+                         self._initial_roles, self._calls, hits)
