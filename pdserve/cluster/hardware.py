@@ -3,8 +3,8 @@
 `--instances 4xl20:prefill,4xh20:decode` is four L20 prefill instances and four H20 decode
 instances; a group may name a tensor-parallel degree (`2xh20/tp2:decode`). Roles: prefill,
 decode, mixed (colocated), reserve (held back for FlowKV's elastic scaling). Instance ids
-follow role order (prefill, decode, mixed, reserve), the order fixed xPyD roles assume, and
-each group starts on a node of its own, as a group of one GPU type is one kind of server.
+follow role order (prefill, decode, mixed, reserve), the order fixed xPyD roles assume; each
+GPU type sits on servers of its own (`pdserve.sim.hetero`).
 Each instance gets its own performance model (compute, KV capacity, its GPU's link inside
 its node).
 """

@@ -1,8 +1,9 @@
 """A simulated cluster from per-GPU instance groups (`pdserve.cluster.hardware`): each
-instance's performance model (its GPU, the group's tp), its role, and the topology (each
-group on nodes of its own, `GPUS_PER_NODE / tp` instances to a node unless the config says
-otherwise; inside a node, each instance's GPU link; between nodes the config's link times
-the first group's tp, since `Topology` has one network link).
+instance's performance model (its GPU, the group's tp), its role, and the topology. Each GPU
+type and tp sits on servers of its own, `GPUS_PER_NODE / tp` instances to a server unless
+the config says otherwise, groups of one kind filling the same servers. Inside a server
+each instance has its GPU's link; between servers the config's link times the first
+group's tp (`Topology` has one network link).
 """
 
 from __future__ import annotations
@@ -39,19 +40,24 @@ def heterogeneous_layout(config: SimConfig) -> ClusterLayout:
     nodes: list[int] = []
     intra: list[Link] = []
     first_tp = 0
-    node = 0
+    servers: dict[tuple[str, int], tuple[int, int]] = {}  # kind -> (its last node, filled)
+    next_node = 0
     for group in parse_instances(config.instances):
         tp = group.tp or config.tp or default_tp(config.model, group.gpu)
         first_tp = first_tp or tp
         model = perf_model(config.model, group.gpu, tp)
         per_node = config.instances_per_node or max(1, GPUS_PER_NODE // tp)
-        for k in range(group.count):
+        node, filled = servers.get((group.gpu, tp), (-1, per_node))
+        for _ in range(group.count):
+            if filled == per_node:  # this kind of server is full: a new one
+                node, filled, next_node = next_node, 0, next_node + 1
+            filled += 1
             perfs.append(model)
             roles.append(group.role)
-            nodes.append(node + k // per_node)
+            nodes.append(node)
             intra.append(gpu_link(model) if config.intra_node_link == GPU_LINK
                          else network_link(config.intra_node_link))
-        node = nodes[-1] + 1
+        servers[group.gpu, tp] = (node, filled)
     inter = network_link(config.inter_node_link)
     if first_tp > 1:
         inter = Link(f"{inter.name} x{first_tp}", inter.bytes_per_s * first_tp,

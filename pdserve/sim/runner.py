@@ -7,7 +7,7 @@ goodput search re-runs only the simulation at each rate scale.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdserve.bench.goodput import GoodputPoint, GoodputResult, search_goodput
 from pdserve.bench.metrics import Summary, summarize
@@ -84,6 +84,7 @@ class Experiment:
     config: SimConfig
     workload: Workload
     perf: PerfModel
+    flowkv: FlowKVSettings | None = None  # flowkv's tunables (default: FlowKVSettings())
 
     @classmethod
     def from_config(cls, config: SimConfig) -> Experiment:
@@ -106,8 +107,8 @@ class Experiment:
             decode=layout.count(Role.DECODE) if layout else config.decode,
             perfs=perfs, roles=layout.roles if layout and config.policy == "flowkv" else (),
             reserve=config.reserve, prefix_aware=config.prefix_aware_routing,
-            flowkv=FlowKVSettings(
-                prefix_block_tokens=config.prefix_block_tokens or 512),
+            flowkv=replace(self.flowkv or FlowKVSettings(),
+                           prefix_block_tokens=config.prefix_block_tokens or 512),
             chunk_size_tokens=config.chunk_size_tokens,
             max_batch_size=config.max_batch_size, monitor_window_s=config.monitor_window_s,
             prefill_router=config.prefill_router, decode_router=config.decode_router,
