@@ -60,6 +60,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
                    "per-GPU groups COUNTxGPU[/tpN]:ROLE,... (roles prefill, decode, mixed, "
                    "reserve), e.g. 4xl20:prefill,4xh20:decode [8]")
     c.add_argument("--reserve", type=int, help="flowkv: instances held back for scaling [0]")
+    c.add_argument("--phase-priority", choices=["decode-first", "prefill-first"],
+                   help="local schedulers' phase priority [the policy's]")
     c.add_argument("--model", help=f"model ({', '.join(MODELS)}) [llama-3.1-8b]")
     c.add_argument("--gpu", help=f"GPU ({', '.join(GPUS)}) [h800]")
     c.add_argument("--tp", type=int, help="tensor-parallel degree per instance [setup's]")

@@ -41,6 +41,7 @@ class SimConfig:
     instances: int | str = 8  # colocated presets; or groups: 4xl20:prefill,4xh20:decode
     reserve: int = 0  # flowkv: instances held back for elastic scaling
     prefix_aware_routing: bool = True  # flowkv: prefill routing counts prefix-cache hits
+    phase_priority: str = ""  # "" keeps the policy's; decode-first | prefill-first
     prefill: int = 4  # disaggregated presets
     decode: int = 4
     # hardware and performance model
@@ -93,6 +94,10 @@ class SimConfig:
                 raise ValueError(f"config field 'instances': {err}") from None
         elif not self.instances > 0:
             raise ValueError(f"config field 'instances' must be positive, got {self.instances}")
+        if self.phase_priority not in ("", "decode-first", "prefill-first"):
+            raise ValueError(f"config field 'phase_priority' must be decode-first or "
+                             f"prefill-first (or empty: the policy's), got "
+                             f"{self.phase_priority!r}")
         if self.reserve < 0:
             raise ValueError(f"config field 'reserve' must not be negative, got {self.reserve}")
         if self.start_s < 0:

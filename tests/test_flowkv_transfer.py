@@ -67,6 +67,7 @@ def test_span_growth_allocates_in_step_by_step_order():
     for request in decodes:
         request.kv_blocks = blocks_for(request.sequence_tokens + 39)
     spanned.start(BatchPlan(decodes, [], steps=40))
+    spanned.flush()  # a span allocates lazily, when the table is next touched
     assert spanned.blocks == stepwise.blocks
     assert any(len(runs) > 1 for runs in [_runs(b) for b in spanned.blocks.values()])
 

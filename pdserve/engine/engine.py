@@ -138,8 +138,8 @@ class Engine:
         """Apply the cache's events: evicted entries free their blocks; donated ones take
         the (request id, hash index, hash) block of that sequence."""
         assert self.prefix_ids is not None
-        if evicted:
-            self.allocator.free(self.prefix_ids.evict(evicted))
+        for blocks in self.prefix_ids.evict(evicted):
+            self.allocator.free(blocks)
         for request_id, index, block_hash in donated:
             sequence = self.sequences[request_id]
             self.prefix_ids.donate(block_hash, sequence.blocks, index)

@@ -204,6 +204,6 @@ class CachedBlockIds:
         except KeyError as err:
             raise RuntimeError(f"prefix hash {err} is cached but holds no block ids") from None
 
-    def evict(self, hashes: Sequence[int]) -> list[int]:
-        """Ids of evicted entries, to free."""
-        return [block for h in hashes for block in self.ids.pop(h, ())]
+    def evict(self, hashes: Sequence[int]) -> list[list[int]]:
+        """Ids of evicted entries, to free (one list per entry)."""
+        return [self.ids.pop(h) for h in hashes if h in self.ids]

@@ -3,7 +3,9 @@
 Shared by the live engine (`pdserve.engine.allocator`) and the simulator (`pdserve.sim.blocks`),
 which counts a transfer's copies from the same block ids; no torch here.
 
-Free blocks are kept as segments (runs of consecutive block ids) in a min-heap by length.
+Free blocks are kept as segments (runs of consecutive block ids) ordered by length (the
+paper's min-heap; here a sorted list, which finds the best fit by bisection instead of
+popping every shorter segment, with the same answer: shortest fitting, lowest start).
 Allocation keeps a sequence in as few runs as possible: it first extends the run the
 sequence already ends with (if the next block is free), then takes the smallest free
 segment that holds the whole request (best fit), and only when none does, the largest
@@ -11,14 +13,14 @@ segments one after another. Releasing a block run merges it with free neighbours
 
 Before a transfer, `align` pairs the sender's and receiver's block lists position by
 position and cuts them into runs that are consecutive on both sides; each run is one copy.
-Deviation: the heap uses lazy deletion (stale entries are skipped when popped) rather than
-decrease-key, which a binary heap does not offer.
 """
 
 from __future__ import annotations
 
-import heapq
+from bisect import bisect_left, insort
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class SegmentAllocator:
         self.num_blocks = num_blocks
         self._length_at: dict[int, int] = {0: num_blocks}  # free segment start -> length
         self._start_ending_at: dict[int, int] = {num_blocks: 0}  # end (exclusive) -> start
-        self._heap: list[tuple[int, int]] = [(num_blocks, 0)]
+        self._by_length: list[tuple[int, int]] = [(num_blocks, 0)]  # sorted (length, start)
         self._in_use = bytearray(num_blocks)
         self.free_blocks = num_blocks
 
@@ -48,11 +50,12 @@ class SegmentAllocator:
     def _add_segment(self, start: int, length: int) -> None:
         self._length_at[start] = length
         self._start_ending_at[start + length] = start
-        heapq.heappush(self._heap, (length, start))
+        insort(self._by_length, (length, start))
 
     def _remove_segment(self, start: int) -> int:
         length = self._length_at.pop(start)
         del self._start_ending_at[start + length]
+        del self._by_length[bisect_left(self._by_length, (length, start))]
         return length
 
     def _take(self, start: int, count: int) -> list[int]:
@@ -60,24 +63,15 @@ class SegmentAllocator:
         length = self._remove_segment(start)
         if length > count:
             self._add_segment(start + count, length - count)
-        for block in range(start, start + count):
-            self._in_use[block] = 1
+        self._in_use[start:start + count] = b"\x01" * count
         self.free_blocks -= count
         return list(range(start, start + count))
 
     def _best_fit(self, count: int) -> int | None:
-        popped, found = [], None
-        while self._heap:
-            length, start = heapq.heappop(self._heap)
-            if self._length_at.get(start) != length:
-                continue  # stale
-            popped.append((length, start))
-            if length >= count:
-                found = start
-                break
-        for entry in popped:
-            heapq.heappush(self._heap, entry)
-        return found
+        """Start of the shortest free segment holding `count` blocks (lowest start among
+        equals), or None."""
+        index = bisect_left(self._by_length, (count, -1))
+        return self._by_length[index][1] if index < len(self._by_length) else None
 
     # ---- public ----
     def allocate(self, count: int, after: int | None = None) -> list[int]:
@@ -91,16 +85,16 @@ class SegmentAllocator:
             need = count - len(blocks)
             start = self._best_fit(need)
             if start is None:  # no single segment holds it: largest first
-                start = max(self._length_at, key=self._length_at.__getitem__)
+                start = self._by_length[-1][1]
             blocks += self._take(start, min(need, self._length_at[start]))
         return blocks
 
     def free(self, blocks: list[int]) -> None:
-        for start, length in runs(sorted(blocks)):
-            for block in range(start, start + length):
-                if not self._in_use[block]:
-                    raise ValueError(f"block {block} is not allocated")
-                self._in_use[block] = 0
+        for start, length in runs(blocks):
+            if self._in_use.count(0, start, start + length):
+                block = start + self._in_use.index(0, start, start + length)
+                raise ValueError(f"block {block} is not allocated")
+            self._in_use[start:start + length] = bytes(length)
             self.free_blocks += length
             if start in self._start_ending_at:  # merge with the free segment before
                 before = self._start_ending_at[start]
@@ -115,31 +109,51 @@ class SegmentAllocator:
 
     def fragmentation(self) -> Fragmentation:
         return Fragmentation(self.free_blocks, len(self._length_at),
-                             max(self._length_at.values(), default=0))
+                             self._by_length[-1][0] if self._by_length else 0)
 
 
 def runs(blocks: list[int]) -> list[tuple[int, int]]:
     """Consecutive runs of a block list, in its order: [(start, length)]."""
+    if not blocks:
+        return []
+    first, last = blocks[0], blocks[-1]
+    if last - first == len(blocks) - 1 and (len(blocks) < 3 or blocks[1] == first + 1) \
+            and blocks == list(range(first, last + 1)):
+        return [(first, len(blocks))]  # the common case: one run
+    if len(blocks) > 64:  # long and fragmented: find the breaks in C
+        ids = np.asarray(blocks)
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(ids) != 1) + 1))
+        lengths = np.diff(np.append(starts, len(blocks)))
+        return list(zip(ids[starts].tolist(), lengths.tolist(), strict=True))
     result: list[tuple[int, int]] = []
-    for block in blocks:
-        if result and result[-1][0] + result[-1][1] == block:
-            result[-1] = (result[-1][0], result[-1][1] + 1)
-        else:
-            result.append((block, 1))
+    start = previous = first
+    for block in blocks[1:]:
+        if block != previous + 1:
+            result.append((start, previous - start + 1))
+            start = block
+        previous = block
+    result.append((start, previous - start + 1))
     return result
 
 
 def align(source: list[int], target: list[int]) -> list[tuple[int, int, int]]:
     """Bidirectional segment alignment: [(source_start, target_start, length)] covering the
-    block lists position by position, each run consecutive on both sides (one copy each)."""
+    block lists position by position, each run consecutive on both sides (one copy each).
+    Walks the two sides' runs together: a copy ends where either side's run ends."""
     if len(source) != len(target):
         raise ValueError(f"block lists differ in length: {len(source)} vs {len(target)}")
     result: list[tuple[int, int, int]] = []
-    for src, dst in zip(source, target, strict=True):
-        if result:
-            s0, d0, n = result[-1]
-            if s0 + n == src and d0 + n == dst:
-                result[-1] = (s0, d0, n + 1)
-                continue
-        result.append((src, dst, 1))
+    source_runs, target_runs = runs(source), runs(target)
+    i = j = source_done = target_done = 0
+    while i < len(source_runs):
+        source_start, source_length = source_runs[i]
+        target_start, target_length = target_runs[j]
+        count = min(source_length - source_done, target_length - target_done)
+        result.append((source_start + source_done, target_start + target_done, count))
+        source_done += count
+        target_done += count
+        if source_done == source_length:
+            i, source_done = i + 1, 0
+        if target_done == target_length:
+            j, target_done = j + 1, 0
     return result

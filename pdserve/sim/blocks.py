@@ -10,7 +10,9 @@ transfer lands. With a prefix cache (`pdserve.instance.prefix_cache`) the table 
 events: a hit starts a request's list with its entries' ids, a donation hands ids to the
 cache, an eviction frees them, and a request frees only the ids it owns. Inside a multi-step
 span the decodes grow in the order a step-by-step run
-grows them (by step, then batch order), so both modes see the same ids.
+grows them (by step, then batch order), so both modes see the same ids; a span's blocks
+are allocated only when something else touches the table (nothing else allocates during a
+span), for the steps that ran.
 
 Transfer pricing (`transfer_calls`):
   aligned              one call per run that is consecutive on both sides after FlowKV's
@@ -39,15 +41,25 @@ class BlockTable:
         self.cache = cache
         self.cached_ids = CachedBlockIds(cache.kv_blocks_per_entry if cache is not None else 1)
         self.shared: dict[int, int] = {}  # request id -> leading ids the cache owns
+        # a span's growth, allocated when anything else touches the table (nothing else
+        # allocates during a span, so the ids are the same, and a cut span allocates only
+        # the steps it ran): (request, its tokens at the span's start, blocks at its end)
+        self._span: list[tuple[Request, int, int]] = []
+
+    def flush(self) -> None:
+        if self._span:
+            span, self._span = self._span, []
+            self._grow_span(span)
 
     def sync_cache(self) -> None:
         """Follow the prefix cache: evicted entries free their ids, donated blocks become
         the cache's."""
+        self.flush()
         if self.cache is None:
             return
         evicted, donated = self.cache.take_events()
-        if evicted:
-            self.allocator.free(self.cached_ids.evict(evicted))
+        for blocks in self.cached_ids.evict(evicted):
+            self.allocator.free(blocks)
         per_entry = self.cached_ids.per_entry
         for request_id, index, block_hash in donated:
             self.cached_ids.donate(block_hash, self.blocks[request_id], index)
@@ -55,6 +67,7 @@ class BlockTable:
 
     def resize(self, request_id: int, count: int) -> None:
         """Grow (continuing the last run where possible) or cut a request's blocks."""
+        self.flush()
         blocks = self.blocks.setdefault(request_id, [])
         need = count - len(blocks)
         if need > 0:
@@ -65,6 +78,7 @@ class BlockTable:
 
     def free(self, request_id: int) -> None:
         """The request's own ids go back; those the cache owns stay with their entry."""
+        self.flush()
         blocks = self.blocks.pop(request_id, None)
         shared = self.shared.pop(request_id, 0)
         if blocks and len(blocks) > shared:
@@ -79,7 +93,7 @@ class BlockTable:
     # ---- following the local scheduler ----
     def start(self, plan: BatchPlan) -> None:
         """A batch starts: preempted sequences lose their KV, the others grow to their
-        planned counts."""
+        planned counts (a span's, lazily)."""
         self.sync_cache()
         for request in plan.preempted:
             self.free(request.request_id)
@@ -90,36 +104,40 @@ class BlockTable:
                         request.hash_ids[:request.cached_blocks])
                     self.shared[request.request_id] = len(self.blocks[request.request_id])
         if plan.steps > 1:
-            self._grow_span(plan.decodes)
+            self._span = [(r, r.sequence_tokens, r.kv_blocks) for r in plan.decodes]
         else:
             for request in plan.decodes:
                 self.resize(request.request_id, request.kv_blocks)
         for request, _ in plan.chunks:
             self.resize(request.request_id, request.kv_blocks)
 
-    def _grow_span(self, decodes: list[Request]) -> None:
+    def _grow_span(self, span: list[tuple[Request, int, int]]) -> None:
         """Allocate a span's blocks in step-by-step order: a decode of S tokens (S - 1
         computed) needs its (k+1)-th block at the step where its length passes k blocks."""
         events: list[tuple[int, int, int]] = []  # (step, batch position, request id)
-        for position, request in enumerate(decodes):
+        for position, (request, start_tokens, target) in enumerate(span):
             held = len(self.blocks.get(request.request_id, ()))
-            start_tokens = request.sequence_tokens
-            for block in range(held, request.kv_blocks):
+            for block in range(held, target):
                 step = max(1, block * KV_BLOCK_TOKENS - start_tokens + 2)
                 events.append((step, position, request.request_id))
         events.sort()
+        allocator = self.allocator
         for _, _, request_id in events:
             blocks = self.blocks.setdefault(request_id, [])
-            blocks += self.allocator.allocate(1, after=blocks[-1] if blocks else None)
+            blocks += allocator.allocate(1, after=blocks[-1] if blocks else None)
 
     def shrink(self, plan: BatchPlan) -> None:
-        """A span was cut: give back the blocks of the steps that will not run."""
+        """A span was cut: only the steps that run get blocks."""
+        if self._span:
+            self._span = [(r, tokens, r.kv_blocks) for r, tokens, _ in self._span]
+            return
         for request in plan.decodes:
             self.resize(request.request_id, request.kv_blocks)
 
     def transfer_calls(self, source: BlockTable, request: Request, mode: str,
                        layers: int, fixed_calls: int) -> int:
         """Calls to move `request`'s KV from `source` into the blocks just reserved here."""
+        source.flush()
         target = self.blocks.get(request.request_id, [])
         if mode == "fixed":
             return fixed_calls

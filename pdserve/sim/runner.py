@@ -16,6 +16,7 @@ from pdserve.bench.traces import load_trace
 from pdserve.bench.workload import Workload
 from pdserve.cluster.topology import GPU_LINK, Link, Topology, gpu_link, network_link
 from pdserve.config import SimConfig
+from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp, perf_model
 from pdserve.perf.specs import model_spec
@@ -114,6 +115,8 @@ class Experiment:
             prefill_router=config.prefill_router, decode_router=config.decode_router,
             arrow_min_dwell_s=config.arrow_min_dwell_s,
             arrow_monitor_cooldown_s=config.arrow_monitor_cooldown_s))
+        if config.phase_priority:
+            policy.phase_priority = parse_phase_priority(config.phase_priority)
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
                                config.transfer_calls, config.monitor_interval_s, max_span_steps,
                                config.transfer_mode, kv_layers(config),
