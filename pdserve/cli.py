@@ -62,6 +62,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--reserve", type=int, help="flowkv: instances held back for scaling [0]")
     c.add_argument("--phase-priority", choices=["decode-first", "prefill-first"],
                    help="local schedulers' phase priority [the policy's]")
+    c.add_argument("--prefix-block-tokens", type=int, help="tokens per prefix hash of the "
+                   "trace (Mooncake: 512); 0 turns the instances' prefix caches off [512]")
+    c.add_argument("--no-prefix-aware-routing", dest="prefix_aware_routing",
+                   action="store_false", default=None,
+                   help="flowkv: route prefills without looking at prefix-cache hits")
     c.add_argument("--model", help=f"model ({', '.join(MODELS)}) [llama-3.1-8b]")
     c.add_argument("--gpu", help=f"GPU ({', '.join(GPUS)}) [h800]")
     c.add_argument("--tp", type=int, help="tensor-parallel degree per instance [setup's]")
