@@ -14,6 +14,7 @@ import numpy as np
 import yaml
 
 from pdserve.bench.traces import SHIPPED_TRACES
+from pdserve.cluster.hardware import instances_arg
 from pdserve.cluster.topology import NETWORK_LINKS
 from pdserve.config import SimConfig
 from pdserve.perf.specs import GPUS, MODELS
@@ -55,14 +56,27 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
                    help="replace the preset's decode router")
     c.add_argument("--prefill", type=int, help="prefill instances (disaggregated presets) [4]")
     c.add_argument("--decode", type=int, help="decode instances (disaggregated presets) [4]")
-    c.add_argument("--instances", type=int, help="instances (colocated preset) [8]")
+    c.add_argument("--instances", type=instances_arg, help="instances (colocated preset), or "
+                   "per-GPU groups COUNTxGPU[/tpN]:ROLE,... (roles prefill, decode, mixed, "
+                   "reserve), e.g. 4xl20:prefill,4xh20:decode [8]")
+    c.add_argument("--reserve", type=int, help="flowkv: instances held back for scaling [0]")
+    c.add_argument("--phase-priority", choices=["decode-first", "prefill-first"],
+                   help="local schedulers' phase priority [the policy's]")
+    c.add_argument("--prefix-block-tokens", type=int, help="tokens per prefix hash of the "
+                   "trace (Mooncake: 512); 0 turns the instances' prefix caches off [512]")
+    c.add_argument("--no-prefix-aware-routing", dest="prefix_aware_routing",
+                   action="store_false", default=None,
+                   help="flowkv: route prefills without looking at prefix-cache hits")
     c.add_argument("--model", help=f"model ({', '.join(MODELS)}) [llama-3.1-8b]")
     c.add_argument("--gpu", help=f"GPU ({', '.join(GPUS)}) [h800]")
     c.add_argument("--tp", type=int, help="tensor-parallel degree per instance [setup's]")
     c.add_argument("--perf-model", help="fitted performance model file (from pdserve profile)")
     c.add_argument("--chunk-size", type=int, help="per-step token budget per instance [2048]")
     c.add_argument("--max-batch-size", type=int, help="max sequences per instance [256]")
-    c.add_argument("--transfer-calls", type=int, help="transfer calls per KV hand-off [1]")
+    c.add_argument("--transfer-mode", choices=["aligned", "per-block-per-layer", "fixed"],
+                   help="count a KV transfer's calls: runs after FlowKV alignment, one per "
+                   "block per layer (K and V), or --transfer-calls [aligned]")
+    c.add_argument("--transfer-calls", type=int, help="calls per KV hand-off, fixed mode [1]")
     c.add_argument("--instances-per-node", type=int, help="instances per node, filled in id "
                    "order [as many as fit on 8 GPUs at the tp degree]")
     c.add_argument("--intra-node-link", help="link inside a node: 'gpu' (the GPU's, as the "
@@ -227,6 +241,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-mib", type=int, default=512,
                    help="KV cache memory per worker when --kv-blocks is 0 [512]")
     p.add_argument("--chunk-size", type=int, default=512, help="token budget per step [512]")
+    p.add_argument("--prefix-block-tokens", type=int, default=16, help="tokens per "
+                   "prefix-cache block hash; 0 turns prefix caching off [16]")
     p.add_argument("--max-batch-size", type=int, default=64, help="[64]")
     p.add_argument("--max-outstanding", type=int, default=256,
                    help="requests in flight before answering 429 [256]")
@@ -256,7 +272,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size, max_outstanding=args.max_outstanding,
         ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model,
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
-        chat_template=args.chat_template, max_body_bytes=args.max_body_bytes)
+        chat_template=args.chat_template, max_body_bytes=args.max_body_bytes,
+        prefix_block_tokens=args.prefix_block_tokens)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pdserve").setLevel(args.log_level.upper())
     # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)

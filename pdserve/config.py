@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, network_link
 
 
@@ -37,7 +38,10 @@ class SimConfig:
     policy: str = "static-pd"
     prefill_router: str = ""  # "" keeps the preset's component
     decode_router: str = ""
-    instances: int = 8  # colocated presets
+    instances: int | str = 8  # colocated presets; or groups: 4xl20:prefill,4xh20:decode
+    reserve: int = 0  # flowkv: instances held back for elastic scaling
+    prefix_aware_routing: bool = True  # flowkv: prefill routing counts prefix-cache hits
+    phase_priority: str = ""  # "" keeps the policy's; decode-first | prefill-first
     prefill: int = 4  # disaggregated presets
     decode: int = 4
     # hardware and performance model
@@ -48,11 +52,13 @@ class SimConfig:
     # instances
     chunk_size_tokens: int = 2048
     max_batch_size: int = 256
-    transfer_calls: int = 1
+    transfer_calls: int = 1  # per KV hand-off, with transfer_mode "fixed"
+    transfer_mode: str = "aligned"  # aligned | per-block-per-layer | fixed (pdserve.sim.blocks)
     # cluster network (pdserve.cluster.topology): instances fill nodes in id order
     instances_per_node: int = 0  # 0: as many as fit on an 8-GPU node at the tp degree
     intra_node_link: str = "gpu"  # the GPU's link as the perf model prices it, or a named link
     inter_node_link: str = "rdma-200g"  # rdma-100g/200g/400g, tcp-25g/100g, custom:GBps:us
+    prefix_block_tokens: int = 512  # tokens per prefix hash (Mooncake: 512); 0: no prefix cache
     monitor_interval_s: float = 1.0
     monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
     arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
@@ -66,7 +72,7 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         positive = ("rate_scale", "synthetic_requests", "synthetic_rate_rps", "synthetic_cv",
-                    "instances", "prefill", "decode", "chunk_size_tokens", "max_batch_size",
+                    "prefill", "decode", "chunk_size_tokens", "max_batch_size",
                     "transfer_calls", "monitor_interval_s", "monitor_window_s", "ttft_slo_s",
                     "tpot_slo_s", "goodput_tolerance")
         for name in positive:
@@ -81,6 +87,19 @@ class SimConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"config field {name!r} must not be negative, got "
                                  f"{getattr(self, name)!r}")
+        if isinstance(self.instances, str):
+            try:
+                parse_instances(self.instances)
+            except ValueError as err:
+                raise ValueError(f"config field 'instances': {err}") from None
+        elif not self.instances > 0:
+            raise ValueError(f"config field 'instances' must be positive, got {self.instances}")
+        if self.phase_priority not in ("", "decode-first", "prefill-first"):
+            raise ValueError(f"config field 'phase_priority' must be decode-first or "
+                             f"prefill-first (or empty: the policy's), got "
+                             f"{self.phase_priority!r}")
+        if self.reserve < 0:
+            raise ValueError(f"config field 'reserve' must not be negative, got {self.reserve}")
         if self.start_s < 0:
             raise ValueError(f"config field 'start_s' must not be negative, got {self.start_s}")
         if self.instances_per_node < 0:
@@ -94,6 +113,12 @@ class SimConfig:
                 network_link(value)
             except ValueError as err:
                 raise ValueError(f"config field {name!r}: {err}") from None
+        if self.transfer_mode not in ("aligned", "per-block-per-layer", "fixed"):
+            raise ValueError(f"config field 'transfer_mode' must be aligned, "
+                             f"per-block-per-layer or fixed, got {self.transfer_mode!r}")
+        if self.prefix_block_tokens < 0 or self.prefix_block_tokens % 16:
+            raise ValueError(f"config field 'prefix_block_tokens' must be a multiple of 16 "
+                             f"(0: no prefix cache), got {self.prefix_block_tokens}")
         if self.tp < 0:
             raise ValueError(f"config field 'tp' must not be negative, got {self.tp}")
         if not 0 < self.goodput_target <= 1:

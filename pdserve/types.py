@@ -40,6 +40,7 @@ class Role(enum.Enum):
     P_TO_D = "prefill->decode"
     D_TO_P = "decode->prefill"
     MIXED = "mixed"  # colocated: both phases, chunked prefill next to decodes
+    RESERVE = "reserve"  # held back for elastic scaling (FlowKV): takes no new work
 
     @property
     def takes_prefill(self) -> bool:
@@ -89,6 +90,8 @@ class Request:
     prefill_target_tokens: int = 0  # tokens the current (re)prefill must compute
     prefilled_tokens: int = 0  # of those, already computed
     kv_blocks: int = 0  # blocks held on the instance that currently owns the request
+    cached_blocks: int = 0  # leading prompt hash blocks it uses from that instance's prefix
+    # cache (`instance.prefix_cache`); counted in kv_blocks, owned by the cache
     admit_seq: int = 0  # admission order on its instance (newest is preempted first)
     preemptions: int = 0
     # --- outcome, written by the driver ---

@@ -126,7 +126,7 @@ def test_gpu_scaling_is_monotone_in_peak_specs():
 
 def test_nvlink_figures_are_one_way_and_transfers_use_the_fitted_call_cost():
     assert {name: gpu.link_gb_s for name, gpu in GPUS.items()} == {
-        "h800": 200, "h100": 450, "a100": 300, "h20": 450, "rtx-4090d": 32}
+        "h800": 200, "h100": 450, "a100": 300, "h20": 450, "l20": 32, "rtx-4090d": 32}
     model = calibrated("llama-3.1-8b", "a100", 1)
     curve = model.ops.send_recv["nvlink"]
     one_gb = model.transfer_s(10**9)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pdserve.cluster.topology import Topology
+from pdserve.instance.phase_priority import PhasePriority
 from pdserve.instance.stats import InstanceLoad
 from pdserve.types import Request, Role
 
@@ -93,6 +94,16 @@ class SetChunkSize:
 
 
 @dataclass(frozen=True, slots=True)
+class SetPhasePriority:
+    """`instance_id`'s local scheduler serves `priority` first (`instance.phase_priority`);
+    `reason` says which rule decided it."""
+
+    instance_id: int
+    priority: PhasePriority
+    reason: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Migrate:
     """Move a running decode and its KV from `source_id` to `target_id`: it leaves the
     source's batch at the next step boundary and continues on the target with no gap and no
@@ -103,7 +114,8 @@ class Migrate:
     target_id: int
 
 
-Action = DispatchPrefill | DispatchDecode | Reject | SetRole | SetChunkSize | Migrate
+Action = (DispatchPrefill | DispatchDecode | Reject | SetRole | SetChunkSize | Migrate
+          | SetPhasePriority)
 
 
 @dataclass(slots=True)

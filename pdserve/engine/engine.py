@@ -33,7 +33,8 @@ from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff, copy_aligned
 from pdserve.instance.local_scheduler import BatchPlan
-from pdserve.types import blocks_for
+from pdserve.instance.prefix_cache import CachedBlockIds
+from pdserve.types import Request, blocks_for
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Sequence:
     stream: TextStream | None = None  # stop-string detection (when there are stop strings)
     # if asked: one per prompt token (None for the first, which has no context)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    shared_blocks: int = 0  # leading blocks owned by the prefix cache (not freed with it)
 
     @property
     def generated(self) -> list[int]:
@@ -74,6 +76,9 @@ class Engine:
                                 config.head_dim, shared_name=shared_name)
         self.allocator = SegmentAllocator(num_blocks)
         self.sequences: dict[int, Sequence] = {}
+        self.prefix_ids: CachedBlockIds | None = None  # `enable_prefix_cache`
+        self.computed_tokens_total = 0  # tokens run through the model, prefills and decodes
+        self.prefix_hit_tokens_total = 0  # prompt tokens taken from the prefix cache
 
     # ---- sequences ----
     def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams,
@@ -120,9 +125,41 @@ class Engine:
         return sequence
 
     def _drop_kv(self, sequence: Sequence) -> None:
-        if sequence.blocks:
-            self.allocator.free(sequence.blocks)
-        sequence.blocks, sequence.computed_tokens = [], 0
+        if len(sequence.blocks) > sequence.shared_blocks:
+            self.allocator.free(sequence.blocks[sequence.shared_blocks:])
+        sequence.blocks, sequence.computed_tokens, sequence.shared_blocks = [], 0, 0
+
+    # ---- prefix cache (the local scheduler's `PrefixCache` decides; this follows it) ----
+    def enable_prefix_cache(self, block_tokens: int) -> None:
+        self.prefix_ids = CachedBlockIds(block_tokens // self.pool.block_size)
+
+    def follow_prefix_cache(self, evicted: list[int], donated: list[tuple[int, int, int]]
+                            ) -> None:
+        """Apply the cache's events: evicted entries free their blocks; donated ones take
+        the (request id, hash index, hash) block of that sequence."""
+        assert self.prefix_ids is not None
+        for blocks in self.prefix_ids.evict(evicted):
+            self.allocator.free(blocks)
+        for request_id, index, block_hash in donated:
+            sequence = self.sequences[request_id]
+            self.prefix_ids.donate(block_hash, sequence.blocks, index)
+            sequence.shared_blocks = (index + 1) * self.prefix_ids.per_entry
+
+    def attach_prefix_hits(self, plan: BatchPlan) -> None:
+        """Prefills the local scheduler admitted with prefix hits start on the cached
+        blocks, computed up to the hit (idempotent)."""
+        for request, _ in plan.chunks:
+            if request.cached_blocks:
+                self._reuse_prefix(request)
+
+    def _reuse_prefix(self, request: Request) -> None:
+        sequence = self.sequences[request.request_id]
+        if self.prefix_ids is None or sequence.blocks or sequence.computed_tokens:
+            return
+        sequence.blocks = self.prefix_ids.hit(request.hash_ids[:request.cached_blocks])
+        sequence.shared_blocks = len(sequence.blocks)
+        sequence.computed_tokens = sequence.shared_blocks * self.pool.block_size
+        self.prefix_hit_tokens_total += sequence.computed_tokens
 
     def _grow(self, sequence: Sequence, tokens: int) -> None:
         need = blocks_for(tokens) - len(sequence.blocks)
@@ -136,6 +173,7 @@ class Engine:
         KV first and will be recomputed from their tokens."""
         for request in plan.preempted:
             self._drop_kv(self.sequences[request.request_id])
+        self.attach_prefix_hits(plan)
         return self.run([r.request_id for r in plan.decodes],
                         [(r.request_id, tokens) for r, tokens in plan.chunks])
 
@@ -144,6 +182,7 @@ class Engine:
         work += [(self.sequences[rid], tokens) for rid, tokens in chunks]
         if not work:
             return []
+        self.computed_tokens_total += sum(count for _, count in work)
         token_ids, positions, slot_blocks, slot_offsets = [], [], [], []
         new_tokens, contexts, tables = [], [], []
         block_size = self.pool.block_size

@@ -25,7 +25,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdserve.instance.phase_priority import PhasePriority, prefill_only_plan
 from pdserve.instance.prefill_queue import PrefillQueue
+from pdserve.instance.prefix_cache import PrefixCache, donate_prefix, release_prefix, reuse_prefix
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
@@ -79,6 +81,9 @@ class LocalScheduler:
         self.preemptions_total = 0
         self.decode_steps_total = 0
         self.decode_busy_s_total = 0.0
+        self.busy_s_total = 0.0
+        self.phase_priority = PhasePriority.DECODE_FIRST  # `phase_priority.py`
+        self.prefix_cache: PrefixCache | None = None  # `prefix_cache.py`
 
     # ---- InstanceLoad ----
     @property
@@ -105,6 +110,14 @@ class LocalScheduler:
     def used_blocks(self) -> int:
         return self.total_blocks - self.free_blocks
 
+    @property
+    def prefill_running_len(self) -> int:
+        return len(self.prefills.active)
+
+    @property
+    def sending_len(self) -> int:
+        return len(self.held)
+
     # ---- work coming in ----
     def enqueue_prefill(self, request: Request) -> None:
         self.prefills.push(request)
@@ -121,6 +134,7 @@ class LocalScheduler:
         and has already put its own reservation in `request.kv_blocks`."""
         _, blocks = self.held.pop(request.request_id)
         self.free_blocks += blocks
+        release_prefix(self, request)
 
     def enqueue_transfer_in(self, request: Request) -> None:
         self.decode_queue_tokens += request.sequence_tokens
@@ -139,6 +153,8 @@ class LocalScheduler:
             request.kv_blocks = need
             self.transferring[request.request_id] = request
             started.append(request)
+        if self.prefix_cache is not None:
+            self.prefix_cache.trim(self.free_blocks)
         return started
 
     def transfer_done(self, request: Request) -> None:
@@ -182,7 +198,17 @@ class LocalScheduler:
     # ---- batch formation ----
     def plan(self, max_steps: int = 1) -> BatchPlan | None:
         """Form the next batch, or None when there is nothing to run."""
+        plan = self._plan(max_steps)
+        if self.prefix_cache is not None and plan is not None:
+            self.prefix_cache.trim(self.free_blocks)  # memory the batch took is not cache
+        return plan
+
+    def _plan(self, max_steps: int) -> BatchPlan | None:
         self._join_ready()
+        if self.phase_priority is PhasePriority.PREFILL_FIRST:
+            prefill_first = prefill_only_plan(self)
+            if prefill_first is not None:
+                return prefill_first
         preemptions_before = self.preemptions_total
         self._grow_decodes()
         decodes = list(self.running.values())
@@ -251,6 +277,7 @@ class LocalScheduler:
             budget_tokens -= tokens
         while (admit_waiting and budget_tokens > 0 and prefills.waiting
                and len(self.running) + len(prefills.active) < self.max_batch_size):
+            reuse_prefix(self, prefills.waiting[0])
             tokens = self._allocate_chunk(prefills.waiting[0], budget_tokens)
             if tokens == 0:
                 break
@@ -327,6 +354,7 @@ class LocalScheduler:
         `stopped` names requests the engine ended early (EOS or a stop string)."""
         steps = plan.steps
         result = BatchResult()
+        self.busy_s_total += duration_s
         if plan.decodes:
             self.decode_steps_total += steps
             self.decode_busy_s_total += duration_s
@@ -344,6 +372,7 @@ class LocalScheduler:
                          result: BatchResult) -> None:
         if not self.prefills.advance(request, tokens):
             return
+        donate_prefix(self, request)
         first = request.generated_tokens == 0
         request.generated_tokens += 1  # the prefill's last position samples a token
         if not first:
@@ -371,6 +400,7 @@ class LocalScheduler:
     def _free_kv(self, request: Request) -> None:
         self.free_blocks += request.kv_blocks
         request.kv_blocks = 0
+        release_prefix(self, request)
 
     # ---- preemption ----
     def _newest_admitted(self) -> Request:

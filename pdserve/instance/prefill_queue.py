@@ -60,6 +60,13 @@ class PrefillQueue:
         del self.active[request.request_id]
         return True
 
+    def skip(self, request: Request, tokens: int) -> None:
+        """Count `tokens` as computed without computing them (a prefix-cache hit)."""
+        before = _remaining_units(request)
+        request.prefilled_tokens += tokens
+        self.tokens -= tokens
+        self.attn_units -= before - _remaining_units(request)
+
     def drop(self, request: Request) -> None:
         """Remove a request, admitted (preempted, cancelled) or waiting, with its load."""
         if request.request_id in self.active:

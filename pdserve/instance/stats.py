@@ -40,6 +40,12 @@ class InstanceLoad(Protocol):
     def decode_steps_total(self) -> int: ...
     @property
     def decode_busy_s_total(self) -> float: ...  # time spent in batches with decodes
+    @property
+    def busy_s_total(self) -> float: ...  # time spent in any batch
+    @property
+    def prefill_running_len(self) -> int: ...  # admitted prefills (partly computed)
+    @property
+    def sending_len(self) -> int: ...  # prefilled, KV held for a hand-off
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +65,9 @@ class InstanceStats:
     preemptions_total: int
     decode_steps_total: int
     decode_busy_s_total: float
+    busy_s_total: float = 0.0
+    prefill_running_len: int = 0
+    sending_len: int = 0
 
     @classmethod
     def of(cls, load: InstanceLoad) -> InstanceStats:

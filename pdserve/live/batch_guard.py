@@ -73,6 +73,7 @@ def describe(err: BaseException) -> str:
 
 def run_guarded(engine: Engine, plan: BatchPlan) -> GuardedResult:
     """`engine.execute(plan)`, with a failing sequence isolated instead of raising."""
+    engine.attach_prefix_hits(plan)  # a prefix hit is where the sequence starts
     before = snapshot(engine, plan)
     try:
         return GuardedResult(engine.execute(plan))

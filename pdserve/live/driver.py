@@ -37,6 +37,7 @@ from pdserve.cluster.messages import (
     PrefillDone,
     Reject,
     SetChunkSize,
+    SetPhasePriority,
     SetRole,
     Tick,
 )
@@ -45,6 +46,7 @@ from pdserve.engine.sampling import SamplingParams, TokenLogprob
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
+from pdserve.instance.prefix_cache import chain_hashes
 from pdserve.live import status
 from pdserve.live.failover import Failover
 from pdserve.live.messages import (
@@ -59,6 +61,7 @@ from pdserve.live.messages import (
     Prefilled,
     ReleaseKV,
     SetChunk,
+    SetPriority,
     StatsReport,
     StepDone,
     Transferred,
@@ -118,7 +121,9 @@ class LiveDriver(Failover):
         self._next_id += 1
         if params.seed is None:  # a re-run (a new attempt id) must draw as this one does
             params = replace(params, seed=self._next_id)
-        request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens)
+        block_tokens = self.workers.settings.prefix_block_tokens
+        request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens,
+                          hash_ids=chain_hashes(prompt_ids, block_tokens) if block_tokens else ())
         live = LiveRequest(request, tuple(prompt_ids), params,
                            TextStream(self.tokenizer, params.stop, params.min_tokens),
                            client_id=self._next_id)
@@ -189,6 +194,10 @@ class LiveDriver(Failover):
                          action.reason)
             elif isinstance(action, SetChunkSize):
                 self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
+            elif isinstance(action, SetPhasePriority):
+                log.info("instance %d serves %s first: %s", action.instance_id,
+                         action.priority.value, action.reason)
+                self._send(action.instance_id, SetPriority(action.priority.value))
             elif isinstance(action, Migrate):
                 if action.request.request_id in self.live:
                     self._migration_targets[action.request.request_id] = action.target_id

@@ -59,6 +59,13 @@ class SetChunk:
 
 
 @dataclass(frozen=True)
+class SetPriority:
+    """Serve this phase first (`pdserve.instance.phase_priority`)."""
+
+    priority: str
+
+
+@dataclass(frozen=True)
 class ForgetPool:
     """A peer's shared KV pool is gone (its worker died): unmap it."""
 
@@ -71,7 +78,7 @@ class Shutdown:
 
 
 Command = (AddRequest | ContinueInPlace | AdoptKV | Detach | ReleaseKV | Cancel | SetChunk
-           | ForgetPool | Shutdown)
+           | SetPriority | ForgetPool | Shutdown)
 
 # ---- worker -> driver ----
 

@@ -36,6 +36,8 @@ class WorkerSettings:
     kv_blocks: int = 2048
     chunk_size_tokens: int = 512
     max_batch_size: int = 64
+    phase_priority: str = "decode-first"  # the policy's (`instance.phase_priority`)
+    prefix_block_tokens: int = 0  # tokens per prefix-cache hash; 0: no prefix cache
     start_timeout_s: float = 120.0
     max_restarts: int = 5  # per worker within restart_window_s; 0 disables restarts
     restart_window_s: float = 600.0
@@ -83,7 +85,7 @@ class WorkerProcesses:
         process = self._context.Process(
             target=worker_main, name=f"pdserve-worker-{instance}", daemon=True,
             args=(instance, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens,
-                  s.max_batch_size, child))
+                  s.max_batch_size, child, s.phase_priority, s.prefix_block_tokens))
         process.start()
         child.close()
         self._processes[instance], self._pipes[instance] = process, parent

@@ -30,6 +30,8 @@ from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
 from pdserve.engine.transfer import attach_pool
 from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.instance.phase_priority import parse_phase_priority
+from pdserve.instance.prefix_cache import PrefixCache, chain_hashes
 from pdserve.instance.stats import InstanceStats
 from pdserve.live.batch_guard import describe, run_guarded
 from pdserve.live.faults import install_from_env
@@ -46,6 +48,7 @@ from pdserve.live.messages import (
     Prefilled,
     ReleaseKV,
     SetChunk,
+    SetPriority,
     Shutdown,
     StatsReport,
     StepDone,
@@ -61,7 +64,8 @@ IDLE_REPORT_S = 0.5  # an idle worker's load report interval (when its load chan
 
 class Worker:
     def __init__(self, instance_id: int, model_name: str, seed: int, num_blocks: int,
-                 chunk_size_tokens: int, max_batch_size: int, connection: Connection) -> None:
+                 chunk_size_tokens: int, max_batch_size: int, connection: Connection,
+                 phase_priority: str = "decode-first", prefix_block_tokens: int = 0) -> None:
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.connection = connection
@@ -70,6 +74,11 @@ class Worker:
                              shared_name=f"pdserve-{os.getpid()}-{instance_id}")
         install_from_env(self.engine)
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size)
+        self.local.phase_priority = parse_phase_priority(phase_priority)
+        self.prefix_block_tokens = prefix_block_tokens  # 0: no prefix cache
+        if prefix_block_tokens:
+            self.local.prefix_cache = PrefixCache(prefix_block_tokens, track_events=True)
+            self.engine.enable_prefix_cache(prefix_block_tokens)
         self.step_log = StepLog.from_env(instance_id)  # in-situ profile rows, when asked
         self.requests: dict[int, Request] = {}
         self.handoffs: dict[int, AdoptKV] = {}
@@ -147,7 +156,9 @@ class Worker:
             # off, and the engine's sequence counts the resumed tokens as generated
             resumed = len(command.resume_ids)
             request = Request(command.request_id, 0.0, len(command.prompt_ids) + resumed,
-                              command.params.max_tokens - resumed)
+                              command.params.max_tokens - resumed, hash_ids=chain_hashes(
+                                  command.prompt_ids, self.prefix_block_tokens)
+                              if self.prefix_block_tokens else ())
             try:
                 engine.add(command.request_id, list(command.prompt_ids), command.params,
                            command.resume_ids)
@@ -180,6 +191,8 @@ class Worker:
             self.drop(command.request_id)
         elif isinstance(command, SetChunk):
             local.chunk_size_tokens = command.chunk_size_tokens
+        elif isinstance(command, SetPriority):
+            local.phase_priority = parse_phase_priority(command.priority)
         elif isinstance(command, ForgetPool):
             pool = self.peers.pop(command.pool_name, None)
             if pool is not None:
@@ -187,8 +200,15 @@ class Worker:
         elif isinstance(command, Shutdown):
             self.running = False
 
+    def follow_prefix_cache(self) -> None:
+        cache = self.local.prefix_cache
+        if cache is not None:
+            self.engine.follow_prefix_cache(*cache.take_events())
+
     def start_transfers(self) -> None:
-        for request in self.local.admit_transfers():
+        admitted = self.local.admit_transfers()
+        self.follow_prefix_cache()  # admitting may evict: free those blocks first
+        for request in admitted:
             handoff = self.handoffs.pop(request.request_id).handoff
             try:
                 assert handoff.pool_name is not None
@@ -223,11 +243,13 @@ class Worker:
         start = time.perf_counter()
         if self.step_log is not None:
             self.step_log.batch_started(start)
+        self.follow_prefix_cache()  # evictions the plan made
         guarded = run_guarded(self.engine, plan)
         outputs, failures = guarded.outputs, guarded.failures
         stopped = frozenset(o.request_id for o in outputs if o.finish_reason)
         seconds = time.perf_counter() - start
         result = self.local.complete(plan, seconds, stopped)
+        self.follow_prefix_cache()  # blocks the finished prefills gave the cache
         if self.step_log is not None and not failures:
             self.step_log.batch_ran(len(plan.decodes), plan.decode_context_tokens,
                                     plan.prefill_tokens, plan.prefill_attn_units, start)
@@ -251,7 +273,8 @@ class Worker:
 
 
 def worker_main(instance_id: int, model_name: str, seed: int, num_blocks: int,
-                chunk_size_tokens: int, max_batch_size: int, connection: Connection) -> None:
+                chunk_size_tokens: int, max_batch_size: int, connection: Connection,
+                phase_priority: str = "decode-first", prefix_block_tokens: int = 0) -> None:
     """Entry point of a worker process."""
     Worker(instance_id, model_name, seed, num_blocks, chunk_size_tokens, max_batch_size,
-           connection).serve()
+           connection, phase_priority, prefix_block_tokens).serve()

@@ -97,6 +97,13 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("h20", tflops=148, hbm_gb_s=4000, memory_gb=96, link_gb_s=450,
             source="NVIDIA H20 product brief: 148 dense BF16 TFLOP/s, 96 GB HBM3 at 4.0 TB/s, "
             "NVLink 900 GB/s two-way, 450 GB/s each way"),
+    GpuSpec("l20", tflops=119.5, hbm_gb_s=864, memory_gb=48, link_gb_s=32,
+            interconnect="pcie",
+            source="NVIDIA L20 product brief: 119.5 dense FP16/BF16 tensor TFLOP/s (239 with "
+            "sparsity), 48 GB GDDR6 at 864 GB/s (384-bit at 2.25 GHz), no NVLink, PCIe 4.0 "
+            "x16 32 GB/s each way; AD102 with 92 SMs at 2,520 MHz boost, cross-checked on "
+            "spec listings (technical.city, topcpu.net): 119.5 = the L40's 181 dense TFLOP/s "
+            "scaled by SMs and clock. FlowKV's heterogeneous servers (sec. 4.1)"),
     GpuSpec("rtx-4090d", tflops=147.1, hbm_gb_s=1008, memory_gb=24, link_gb_s=32,
             interconnect="pcie",
             source="Ada whitepaper: RTX 4090 165.2 dense FP16 tensor TFLOP/s with FP32 "

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from pdserve.cluster.messages import Action, ClusterView
 from pdserve.cluster.roles import RoleBoard
+from pdserve.instance.phase_priority import PhasePriority
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.types import Request, Role
 
@@ -64,3 +65,4 @@ class Policy:
     role_manager: RoleManager
     rebalancer: Rebalancer = field(default_factory=NoRebalancing)
     queue_order: Callable[[], QueueOrder] = FCFSOrder
+    phase_priority: PhasePriority = PhasePriority.DECODE_FIRST  # every local scheduler's

@@ -7,6 +7,7 @@
 | min-load    | xPyD fixed    | min-load       | min-running-tokens | Arrow Fig. 8      |
 | round-robin | xPyD fixed    | round-robin    | round-robin        | Arrow Fig. 8      |
 | arrow       | xPyD, elastic | arrow (Alg. 1) | arrow (Alg. 2)     | Arrow "SLO aware" |
+| flowkv      | xPyD+reserve  | min TTFT, hits | min transfer time  | FlowKV Alg. 1     |
 
 Any preset's routers can be swapped by name (`prefill_router`, `decode_router`).
 """
@@ -24,11 +25,13 @@ from pdserve.policies.arrow.prefill_router import ArrowPrefillRouter
 from pdserve.policies.arrow.profiling import TtftPredictor, max_running_tokens, profile_ttft
 from pdserve.policies.arrow.role_manager import ArrowRoleManager
 from pdserve.policies.base import DecodeRouter, Policy, PrefillRouter, RoleManager
+from pdserve.policies.flowkv.preset import build_flowkv
+from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.in_place import InPlaceDecodeRouter
 from pdserve.policies.min_load import MinLoadPrefillRouter, MinRunningTokensDecodeRouter
 from pdserve.policies.round_robin import RoundRobinDecodeRouter, RoundRobinPrefillRouter
 from pdserve.policies.static_roles import ColocatedRoles, StaticRoles
-from pdserve.types import SLO
+from pdserve.types import SLO, Role
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,12 @@ class PolicySetup:
     arrow_monitor_cooldown_s: float = 5.0
     prefill_router: str = ""  # "" keeps the preset's
     decode_router: str = ""
+    # per instance, when the cluster is heterogeneous or its roles are given (flowkv)
+    perfs: tuple[PerfModel, ...] = ()
+    roles: tuple[Role, ...] = ()
+    reserve: int = 0  # flowkv: instances held back for elastic scaling
+    flowkv: FlowKVSettings | None = None
+    prefix_aware: bool = True  # flowkv: prefill routing sees prefix-cache hits
 
 
 def arrow_context(setup: PolicySetup) -> ArrowContext:
@@ -75,6 +84,7 @@ PRESETS: dict[str, Preset] = {
     "min-load": Preset(False, True, "min-load", "min-running-tokens"),
     "round-robin": Preset(False, True, "round-robin", "round-robin"),
     "arrow": Preset(True, True, "arrow", "arrow"),
+    "flowkv": Preset(False, True, "flowkv", "flowkv"),  # built by policies/flowkv/preset.py
 }
 
 PREFILL_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], PrefillRouter]] = {
@@ -100,6 +110,8 @@ def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
     """The policy named `name` (with the setup's router overrides) and its instance count."""
     if name not in PRESETS:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}")
+    if name == "flowkv":
+        return build_flowkv(setup)
     preset = PRESETS[name]
     prefill_name = setup.prefill_router or preset.prefill_router
     decode_name = setup.decode_router or preset.decode_router

@@ -18,6 +18,7 @@ from pdserve.engine.loader import prepare_weights
 from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
 from pdserve.perf.fitted import PerfModel
+from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
 from pdserve.types import KV_BLOCK_TOKENS, SLO
@@ -47,6 +48,7 @@ class ServeConfig:
     max_model_len: int = 0  # 0: the model's context
     chat_template: str = ""  # a Jinja file; "": the checkpoint's own (else the generic layout)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    prefix_block_tokens: int = 16  # tokens per prefix-cache hash in the workers; 0: none
 
     def __post_init__(self) -> None:
         for name in ("instances", "prefill", "decode", "kv_cache_mib", "chunk_size_tokens",
@@ -60,6 +62,9 @@ class ServeConfig:
         if self.kv_blocks < 0:
             raise ValueError(f"serve option 'kv_blocks' must not be negative, got "
                              f"{self.kv_blocks}")
+        if self.prefix_block_tokens < 0 or self.prefix_block_tokens % 16:
+            raise ValueError(f"serve option 'prefix_block_tokens' must be a multiple of 16 "
+                             f"(0: no prefix cache), got {self.prefix_block_tokens}")
         if self.max_model_len < 0:
             raise ValueError(f"serve option 'max_model_len' must not be negative, got "
                              f"{self.max_model_len}")
@@ -116,10 +121,12 @@ def build_app(config: ServeConfig) -> FastAPI:
     policy, count = build_policy(config.policy, PolicySetup(
         perf, SLO(config.ttft_slo_s, config.tpot_slo_s), instances=config.instances,
         prefill=config.prefill, decode=config.decode,
-        chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size))
+        chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
+        flowkv=FlowKVSettings(prefix_block_tokens=config.prefix_block_tokens or 16)))
     driver = LiveDriver(policy, count, served.require_tokenizer(), WorkerSettings(
         config.model, config.seed, kv_blocks, config.chunk_size_tokens,
-        config.max_batch_size), config.monitor_interval_s, config.max_outstanding)
+        config.max_batch_size, policy.phase_priority.value, config.prefix_block_tokens),
+        config.monitor_interval_s, config.max_outstanding)
     return create_app(driver, ServerSettings(
         config.served_model_name or served.name, context, served.config.vocab_size,
         config.api_key or None, config.max_body_bytes, template,

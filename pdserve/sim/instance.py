@@ -12,6 +12,7 @@ from __future__ import annotations
 from pdserve.cluster.messages import ClusterView
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.perf.fitted import PerfModel
+from pdserve.sim.blocks import BlockTable
 
 
 class SimInstance:
@@ -25,6 +26,7 @@ class SimInstance:
         self.start_s = 0.0
         self.end_s = 0.0
         self.version = 0  # bumps when the pending batch-done event is superseded
+        self.blocks: BlockTable | None = None  # block ids, when transfers are aligned
 
     # ---- running batches ----
     def start_batch(self, now_s: float) -> float | None:
@@ -34,6 +36,8 @@ class SimInstance:
         if plan is None:
             return None
         self.start_s = now_s
+        if self.blocks is not None:
+            self.blocks.start(plan)
         if plan.steps > 1:
             duration = self.perf.span_time_s(len(plan.decodes), plan.decode_context_tokens,
                                              plan.steps)
@@ -58,6 +62,8 @@ class SimInstance:
         if started >= plan.steps:
             return None
         self.local.shrink_span(plan, started)
+        if self.blocks is not None:
+            self.blocks.shrink(plan)
         self.end_s = self.start_s + self.perf.span_time_s(len(plan.decodes),
                                                           plan.decode_context_tokens, started)
         self.version += 1
@@ -120,6 +126,20 @@ class SimInstance:
         if plan is None or plan.steps == 1:
             return self.local.decode_steps_total
         return self.local.decode_steps_total + self._steps_done(plan)
+
+    @property
+    def prefill_running_len(self) -> int:
+        return self.local.prefill_running_len
+
+    @property
+    def sending_len(self) -> int:
+        return self.local.sending_len
+
+    @property
+    def busy_s_total(self) -> float:
+        """Spans are decode-only, so their finished steps count as in decode_busy_s_total."""
+        return self.local.busy_s_total + (self.decode_busy_s_total
+                                          - self.local.decode_busy_s_total)
 
     @property
     def decode_busy_s_total(self) -> float:

@@ -7,7 +7,7 @@ goodput search re-runs only the simulation at each rate scale.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdserve.bench.goodput import GoodputPoint, GoodputResult, search_goodput
 from pdserve.bench.metrics import Summary, summarize
@@ -16,11 +16,15 @@ from pdserve.bench.traces import load_trace
 from pdserve.bench.workload import Workload
 from pdserve.cluster.topology import GPU_LINK, Link, Topology, gpu_link, network_link
 from pdserve.config import SimConfig
+from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp, perf_model
+from pdserve.perf.specs import model_spec
+from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.sim.hetero import check_layout_roles, heterogeneous_layout
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
-from pdserve.types import SLO
+from pdserve.types import SLO, Role
 
 
 def load_workload(config: SimConfig) -> Workload:
@@ -47,6 +51,11 @@ def load_perf_model(config: SimConfig) -> PerfModel:
 
 
 GPUS_PER_NODE = 8  # the papers' servers (DGX/HGX: 8 GPUs on one NVSwitch)
+
+
+def kv_layers(config: SimConfig) -> int:
+    """The model's layers (per-block-per-layer transfer pricing); 32 for a fitted file."""
+    return 32 if config.perf_model else model_spec(config.model).layers
 
 
 def tp_degree(config: SimConfig) -> int:
@@ -76,6 +85,7 @@ class Experiment:
     config: SimConfig
     workload: Workload
     perf: PerfModel
+    flowkv: FlowKVSettings | None = None  # flowkv's tunables (default: FlowKVSettings())
 
     @classmethod
     def from_config(cls, config: SimConfig) -> Experiment:
@@ -89,18 +99,33 @@ class Experiment:
                  on_progress: Callable[[int], None] | None = None) -> SimResult:
         """One run at `rate_scale` (the config's by default)."""
         config = self.config
+        layout = heterogeneous_layout(config) if isinstance(config.instances, str) else None
+        perfs: tuple[PerfModel, ...] = layout.perfs if layout else ()
         policy, count = build_policy(config.policy, PolicySetup(
-            self.perf, self.slo, instances=config.instances, prefill=config.prefill,
-            decode=config.decode, chunk_size_tokens=config.chunk_size_tokens,
+            perfs[0] if perfs else self.perf, self.slo,
+            instances=len(perfs) if layout else int(config.instances),
+            prefill=layout.count(Role.PREFILL) if layout else config.prefill,
+            decode=layout.count(Role.DECODE) if layout else config.decode,
+            perfs=perfs, roles=layout.roles if layout and config.policy == "flowkv" else (),
+            reserve=config.reserve, prefix_aware=config.prefix_aware_routing,
+            flowkv=replace(self.flowkv or FlowKVSettings(),
+                           prefix_block_tokens=config.prefix_block_tokens or 512),
+            chunk_size_tokens=config.chunk_size_tokens,
             max_batch_size=config.max_batch_size, monitor_window_s=config.monitor_window_s,
             prefill_router=config.prefill_router, decode_router=config.decode_router,
             arrow_min_dwell_s=config.arrow_min_dwell_s,
             arrow_monitor_cooldown_s=config.arrow_monitor_cooldown_s))
+        if config.phase_priority:
+            policy.phase_priority = parse_phase_priority(config.phase_priority)
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
-                               config.transfer_calls, config.monitor_interval_s, max_span_steps)
+                               config.transfer_calls, config.monitor_interval_s, max_span_steps,
+                               config.transfer_mode, kv_layers(config),
+                               config.prefix_block_tokens)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
-        topology = build_topology(config, self.perf, count)
-        return Simulator(policy, count, self.perf, settings, topology).run(
+        if layout is not None:
+            check_layout_roles(config.policy, layout.roles)
+        topology = layout.topology if layout else build_topology(config, self.perf, count)
+        return Simulator(policy, count, list(perfs) or self.perf, settings, topology).run(
             workload.requests(), on_progress)
 
     def summarize(self, result: SimResult) -> Summary:

@@ -39,14 +39,17 @@ from pdserve.cluster.messages import (
     PrefillDone,
     Reject,
     SetChunkSize,
+    SetPhasePriority,
     SetRole,
     Tick,
 )
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.cluster.topology import Topology
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
+from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
+from pdserve.sim.blocks import TRANSFER_MODES, BlockTable
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.links import LinkSimulator
 from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
@@ -88,6 +91,8 @@ class SimResult:
     end_s: float = 0.0
     events: int = 0
     initial_roles: list[Role] = field(default_factory=list)
+    transfer_calls: dict[int, int] = field(default_factory=dict)  # request id -> calls (sum)
+    prefix_hit_tokens: int = 0  # prompt tokens the instances' prefix caches saved computing
 
     @property
     def flips(self) -> int:
@@ -106,14 +111,24 @@ class SimResult:
 class SimSettings:
     chunk_size_tokens: int = 2048
     max_batch_size: int = 256
-    transfer_calls: int = 1
+    transfer_calls: int = 1  # per hand-off, in the "fixed" transfer mode
     monitor_interval_s: float = 1.0
     max_span_steps: int = 1 << 20  # 1 = step by step
+    transfer_mode: str = "aligned"  # how a transfer's calls are counted (`sim.blocks`)
+    kv_layers: int = 32  # layers, for the per-block-per-layer transfer mode
+    prefix_block_tokens: int = 0  # tokens per prefix hash; 0: no prefix cache
 
     def __post_init__(self) -> None:
-        for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps"):
+        for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps",
+                     "kv_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.prefix_block_tokens < 0 or self.prefix_block_tokens % KV_BLOCK_TOKENS:
+            raise ValueError(f"prefix_block_tokens must be a multiple of {KV_BLOCK_TOKENS} "
+                             f"(0: no prefix cache), got {self.prefix_block_tokens}")
+        if self.transfer_mode not in TRANSFER_MODES:
+            raise ValueError(f"transfer_mode must be one of {', '.join(TRANSFER_MODES)}, got "
+                             f"{self.transfer_mode!r}")
         if not self.monitor_interval_s > 0:
             raise ValueError(f"monitor_interval_s must be positive, got {self.monitor_interval_s}")
 
@@ -144,6 +159,14 @@ class Simulator:
                                        self.settings.max_batch_size, policy.queue_order()),
                         model, self.view, self.settings.max_span_steps)
             for i, model in enumerate(self.perfs)]
+        aligned = self.settings.transfer_mode == "aligned"  # ids only matter for alignment
+        for instance in self.instances:
+            local = instance.local
+            local.phase_priority = policy.phase_priority
+            if self.settings.prefix_block_tokens:
+                local.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, aligned)
+            if aligned:
+                instance.blocks = BlockTable(local.total_blocks, local.prefix_cache)
         self.view.instances = self.instances
         self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
@@ -159,6 +182,7 @@ class Simulator:
         self._transfer_start_s: dict[int, float] = {}  # KV on the wire: request -> start
         self._link_event_s = math.inf  # when the pending link event is due
         self._link_version = 0  # bumps when the pending link event is superseded
+        self._calls: dict[int, int] = {}  # transfer calls per request
 
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:
@@ -203,6 +227,10 @@ class Simulator:
                 instance = self.instances[action.instance_id]
                 self._touch(instance)
                 instance.local.chunk_size_tokens = action.chunk_size_tokens
+            elif type(action) is SetPhasePriority:
+                instance = self.instances[action.instance_id]
+                self._touch(instance)
+                instance.local.phase_priority = action.priority
             elif type(action) is Migrate:
                 source = self.instances[action.source_id]
                 self._touch(source)  # the move happens at the source's next step boundary
@@ -248,12 +276,25 @@ class Simulator:
         for request in target.local.admit_transfers():
             source = self._transfer_source[request.request_id]
             num_bytes = (request.sequence_tokens - 1) * self.perfs[source].kv_bytes_per_token
-            self.links.start(request, now, source, target.local.instance_id, num_bytes,
-                             self.settings.transfer_calls)
+            calls = self._transfer_calls(request, self.instances[source], target)
+            self._calls[request.request_id] = self._calls.get(request.request_id, 0) + calls
+            self.links.start(request, now, source, target.local.instance_id, num_bytes, calls)
             self._transfer_start_s[request.request_id] = now
             started = True
         if started:
             self._schedule_links()
+
+    def _transfer_calls(self, request: Request, source: SimInstance,
+                        target: SimInstance) -> int:
+        settings = self.settings
+        if target.blocks is None or source.blocks is None:
+            if settings.transfer_mode == "per-block-per-layer":
+                return request.kv_blocks * settings.kv_layers * 2
+            return settings.transfer_calls
+        target.blocks.sync_cache()
+        target.blocks.resize(request.request_id, request.kv_blocks)
+        return target.blocks.transfer_calls(source.blocks, request, settings.transfer_mode,
+                                            settings.kv_layers, settings.transfer_calls)
 
     def _schedule_links(self) -> None:
         """Keep one pending event at the links' next join or end."""
@@ -278,6 +319,8 @@ class Simulator:
         now = self.view.now_s
         self._record_tokens(instance, plan, now)
         result = instance.local.complete(plan, now - instance.start_s)
+        if instance.blocks is not None:
+            instance.blocks.done(result.finished)
         handle = self.scheduler.handle
         for request in result.finished:
             if math.isnan(request.first_token_s):
@@ -317,6 +360,8 @@ class Simulator:
         target = self.instances[request.decode_instance]
         self._touch(source)
         source.local.release_handoff(request)
+        if source.blocks is not None:
+            source.blocks.free(request.request_id)
         if source.local.transfer_queue:  # the freed blocks may admit KV waiting to come in
             self._start_transfers(source)
         self._touch(target)
@@ -384,5 +429,7 @@ class Simulator:
                         f"{STALL_TICKS} monitor ticks (KV memory that never frees?)")
         if on_progress is not None:
             on_progress(self._completed)
+        hits = sum(i.local.prefix_cache.hit_tokens_total for i in self.instances
+                   if i.local.prefix_cache is not None)
         return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
-                         self._initial_roles)
+                         self._initial_roles, self._calls, hits)

@@ -1,0 +1,238 @@
+"""FlowKV's experiments in the simulator (FlowKV sec. 4), plus pdserve's own prefix-routing one.
+
+  (a) throughput, synthetic 1K / 5K / 10K input, 256 output, 100 requests, rising Poisson
+      rates: Llama-3.1-8B on 2 x A100 (one node, NVLink) and Llama-3.1-70B at TP 4 on two
+      instances (8 x A100, one node): flowkv (1P1D) vs colocated (2 mixed; decode-first
+      chunked prefill, pdserve's default, and prefill-first, vLLM V0's default scheduler)
+      vs 1P1D static-pd with per-block-per-layer transfers (and aligned ones, to split the
+      effects);
+      the figure is the highest throughput over the rates (paper: flowkv +25 % over
+      colocated, +35-95 % over other 1P1D systems)
+  (b) heterogeneous 4P4D, Llama-3.1-8B, one L20 server (prefill) and one H20 server (decode)
+      joined by a 25 Gb/s TCP link (the paper's ENI), vs the reverse, vs 8 colocated mixed
+      instances; arXiv-summarization lengths (LongBench's gov_report is not shipped; the
+      arXiv table is the long-input summarization stand-in): mean E2E and TPOT per rate
+      (paper, gov_report: P-L20/D-H20 34.7 % faster E2E than the reverse, 48.9 % than
+      colocated)
+  (c) KV transfer time per request, 1P1D Llama-3.1-8B: per-block-per-layer calls vs aligned
+      runs, on one L20 server (PCIe) and from an L20 to an H20 server (TCP); low rate, so
+      no contention (paper, L20: 0.944 s -> 0.053 s)
+  (d) mooncake-conv (first 10 minutes), 4P4D Llama-3.1-8B on A100, TTFT 30 s / TPOT 0.1 s:
+      goodput (highest rate with >= 90 % SLO attainment) of flowkv with and without
+      prefix-aware prefill routing (prefix caches on in both)
+  sensitivity: (a)'s 8B 5K point and (b)'s P-L20/D-H20 point under other weights,
+      thresholds, hysteresis and lending terms
+
+    python bench/flowkv_repro.py --out docs/results/flowkv   # about 3 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from pdserve.bench.metrics import Summary
+from pdserve.config import SimConfig
+from pdserve.perf.presets import perf_model
+from pdserve.policies.flowkv.settings import FlowKVSettings, ScoreWeights
+from pdserve.sim.runner import Experiment
+from pdserve.sim.simulator import SimResult
+
+A_SETUPS = [("llama-3.1-8b", 1), ("llama-3.1-70b", 4)]
+A_INPUTS = [1000, 5000, 10000]
+A_RATE_FACTORS = [0.25, 0.5, 1.0, 2.0, 4.0]  # x one instance's prefill rate for the input
+A_SYSTEMS = [  # label, config fields
+    ("flowkv 1P1D", dict(policy="flowkv", prefill=1, decode=1)),
+    ("colocated x2", dict(policy="colocated", instances=2)),
+    ("colocated x2 prefill-first", dict(policy="colocated", instances=2,
+                                        phase_priority="prefill-first")),
+    ("static-pd 1P1D layer-wise", dict(policy="static-pd", prefill=1, decode=1,
+                                       transfer_mode="per-block-per-layer")),
+    ("static-pd 1P1D aligned", dict(policy="static-pd", prefill=1, decode=1)),
+]
+B_SYSTEMS = [
+    ("P-L20/D-H20", dict(policy="flowkv", instances="4xl20:prefill,4xh20:decode")),
+    ("P-H20/D-L20", dict(policy="flowkv", instances="4xh20:prefill,4xl20:decode")),
+    ("colocated L20+H20", dict(policy="colocated", instances="4xl20:mixed,4xh20:mixed")),
+]
+B_RATES = [2.0, 4.0, 6.0, 8.0, 10.0]
+D_SCALES = [0.6, 0.7, 0.8]
+
+
+def run(config: SimConfig, flowkv: FlowKVSettings | None = None) -> tuple[Summary, SimResult]:
+    experiment = Experiment.from_config(config)
+    experiment.flowkv = flowkv
+    result = experiment.simulate()
+    return experiment.summarize(result), result
+
+
+def a_config(model: str, tp: int, input_tokens: int, rate: float, **fields) -> SimConfig:
+    return SimConfig(trace="synthetic", synthetic_requests=100, synthetic_rate_rps=rate,
+                     synthetic_lengths=f"fixed:{input_tokens}:256", model=model, gpu="a100",
+                     tp=tp, ttft_slo_s=30.0, tpot_slo_s=0.2, **fields)
+
+
+def a_rates(model: str, tp: int, input_tokens: int) -> list[float]:
+    prefill_s = perf_model(model, "a100", tp).prefill.time_s(input_tokens, input_tokens ** 2)
+    return [factor / prefill_s for factor in A_RATE_FACTORS]
+
+
+def max_throughput(model: str, tp: int, input_tokens: int, fields: dict,
+                   flowkv: FlowKVSettings | None = None) -> tuple[float, float, int]:
+    """(highest req/s over the rates, its total tokens/s, role changes at that rate)."""
+    best = (0.0, 0.0, 0)
+    for rate in a_rates(model, tp, input_tokens):
+        summary, result = run(a_config(model, tp, input_tokens, rate, **fields), flowkv)
+        if summary.throughput_rps > best[0]:
+            best = (summary.throughput_rps, summary.total_tokens_per_s,
+                    len(result.role_changes))
+    return best
+
+
+def part_a() -> list[dict]:
+    rows = []
+    for model, tp in A_SETUPS:
+        for input_tokens in A_INPUTS:
+            row: dict = {"model": model, "tp": tp, "input": input_tokens}
+            for label, fields in A_SYSTEMS:
+                rps, tokens_s, flips = max_throughput(model, tp, input_tokens, fields)
+                row[label] = {"rps": rps, "tokens_s": tokens_s, "role_changes": flips}
+            rows.append(row)
+            print(f"(a) {model} tp{tp} in {input_tokens}: " + ", ".join(
+                f"{label} {row[label]['rps']:.3f} req/s" for label, _ in A_SYSTEMS), flush=True)
+    return rows
+
+
+def b_config(rate: float, **fields) -> SimConfig:
+    return SimConfig(trace="synthetic", synthetic_requests=300, synthetic_rate_rps=rate,
+                     synthetic_lengths="table:arxiv-lengths", model="llama-3.1-8b",
+                     inter_node_link="tcp-25g", ttft_slo_s=10.0, tpot_slo_s=0.1, **fields)
+
+
+def part_b() -> list[dict]:
+    rows = []
+    for rate in B_RATES:
+        row: dict = {"rate_rps": rate}
+        for label, fields in B_SYSTEMS:
+            summary, _ = run(b_config(rate, **fields))
+            row[label] = {"e2e_mean_s": summary.e2e_s.mean, "tpot_mean_s": summary.tpot_s.mean,
+                          "ttft_mean_s": summary.ttft_s.mean}
+        rows.append(row)
+        print(f"(b) {rate:g} req/s: " + ", ".join(
+            f"{label} E2E {row[label]['e2e_mean_s']:.2f}s TPOT "
+            f"{row[label]['tpot_mean_s'] * 1e3:.1f}ms" for label, _ in B_SYSTEMS), flush=True)
+    return rows
+
+
+def part_c() -> list[dict]:
+    rows = []
+    for where, instances, link in (("one L20 server (PCIe)", "1xl20:prefill,1xl20:decode",
+                                    "tcp-25g"),
+                                   ("L20 -> H20 server (TCP 25G)", "1xl20:prefill,1xh20:decode",
+                                    "tcp-25g")):
+        for input_tokens in (5000, 10000):
+            row: dict = {"where": where, "input": input_tokens}
+            for mode in ("per-block-per-layer", "aligned"):
+                config = SimConfig(trace="synthetic", synthetic_requests=20,
+                                   synthetic_rate_rps=0.1,
+                                   synthetic_lengths=f"fixed:{input_tokens}:16",
+                                   model="llama-3.1-8b", policy="static-pd",
+                                   instances=instances,
+                                   inter_node_link=link, transfer_mode=mode)
+                _, result = run(config)
+                moved = [r for r in result.requests if r.request_id in result.transfer_calls]
+                row[mode] = {
+                    "transfer_s": sum(r.transfer_s for r in moved) / len(moved),
+                    "calls": sum(result.transfer_calls.values()) / len(moved)}
+            rows.append(row)
+            print(f"(c) {where} {input_tokens} tokens: " + ", ".join(
+                f"{mode} {row[mode]['transfer_s'] * 1e3:.1f} ms ({row[mode]['calls']:.0f} calls)"
+                for mode in ("per-block-per-layer", "aligned")), flush=True)
+    return rows
+
+
+def part_d() -> dict:
+    out = {}
+    for aware in (True, False):
+        config = SimConfig(trace="mooncake-conv", duration_s=600.0, policy="flowkv",
+                           prefill=4, decode=4, model="llama-3.1-8b", gpu="a100",
+                           ttft_slo_s=30.0, tpot_slo_s=0.1, prefix_aware_routing=aware,
+                           goodput_tolerance=0.01)
+        experiment = Experiment.from_config(config)
+        goodput = experiment.goodput()
+        result = experiment.simulate(goodput.rate_scale or 0.05)
+        label = "prefix-aware" if aware else "prefix-blind"
+        out[label] = {"goodput_rps": goodput.rate_rps, "rate_scale": goodput.rate_scale,
+                      "prefix_hit_tokens_at_goodput": result.prefix_hit_tokens,
+                      "input_tokens": sum(r.input_tokens for r in result.requests),
+                      "attainment_at_scale": {}}
+        for scale in D_SCALES:
+            summary = experiment.summarize(experiment.simulate(scale))
+            out[label]["attainment_at_scale"][scale] = summary.slo_attainment
+        print(f"(d) mooncake-conv {label}: goodput {goodput.rate_rps:.3f} req/s (scale "
+              f"{goodput.rate_scale:.3f}), prefix hits {result.prefix_hit_tokens} of "
+              f"{out[label]['input_tokens']} prompt tokens; attainment " + ", ".join(
+                  f"{v:.1%} at x{k:g}" for k, v in out[label]["attainment_at_scale"].items()),
+              flush=True)
+    return out
+
+
+def variants() -> dict[str, FlowKVSettings]:
+    base = FlowKVSettings()
+    uniform = ScoreWeights(*[1 / 8] * 8)
+    return {
+        "default": base,
+        "thresholds 0.2/0.5": replace(base, low_prefill=0.2, low_decode=0.2, high_prefill=0.5,
+                                      high_decode=0.5),
+        "thresholds 0.5/0.85": replace(base, low_prefill=0.5, low_decode=0.5,
+                                       high_prefill=0.85, high_decode=0.85),
+        "no hysteresis, no confirmation": replace(base, hysteresis=0.0, confirm_ticks=1),
+        "uniform weights": replace(base, prefill_weights=uniform, decode_weights=uniform),
+        "queue-only weights": replace(
+            base, prefill_weights=ScoreWeights(0.25, 0.5, 0, 0, 0.25, 0, 0, 0),
+            decode_weights=ScoreWeights(0.3, 0.3, 0, 0, 0, 0.4, 0, 0)),
+        "idle below 0.1": replace(base, idle_instance=0.1),
+        "idle below 0.4": replace(base, idle_instance=0.4),
+        "lend 3 ticks": replace(base, switch_ticks=3),
+        "lend 30 ticks": replace(base, switch_ticks=30),
+    }
+
+
+def sensitivity() -> dict:
+    out = {}
+    flowkv = dict(A_SYSTEMS)["flowkv 1P1D"]
+    for name, settings in variants().items():
+        rps, _, flips = max_throughput("llama-3.1-8b", 1, 5000, flowkv, settings)
+        summary, result = run(b_config(8.0, **dict(B_SYSTEMS)["P-L20/D-H20"]), settings)
+        out[name] = {"a_8b_5k_rps": rps, "a_role_changes": flips,
+                     "b_e2e_mean_s": summary.e2e_s.mean, "b_role_changes":
+                     len(result.role_changes)}
+        print(f"sensitivity {name}: (a) 8B 5K {rps:.3f} req/s ({flips} role changes), "
+              f"(b) P-L20/D-H20 at 8 req/s E2E {summary.e2e_s.mean:.2f}s "
+              f"({len(result.role_changes)} role changes)", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, help="write results.json here")
+    parser.add_argument("--parts", default="abcds", help="which parts to run [abcds]")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    results: dict = {}
+    steps = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "s": sensitivity}
+    for part in args.parts:
+        results[part] = steps[part]()
+    print(f"done in {time.perf_counter() - started:.0f}s wall")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / "results.json"
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**kept, **results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

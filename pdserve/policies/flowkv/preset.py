@@ -1,0 +1,47 @@
+"""The `flowkv` preset: FlowKV's load-aware scheduling as one composition.
+
+  roles           prefill, decode and reserve instances (`PolicySetup.roles`, or
+                  `prefill` P + `decode` D + `reserve` reserve in that order)
+  prefill router  min predicted TTFT with prefix hits (Alg. 1 line 19)
+  decode router   min KV transfer latency (Alg. 1 line 22)
+  role manager    scenarios: imbalance help, elastic scaling (Alg. 1 lines 24-30)
+  local schedulers  prefill-first (FlowKV sec. 3.4), switched per instance when lent
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pdserve.instance.phase_priority import PhasePriority
+from pdserve.policies.base import Policy
+from pdserve.policies.flowkv.context import FlowKVContext
+from pdserve.policies.flowkv.decode_router import FlowKVDecodeRouter
+from pdserve.policies.flowkv.prefill_router import FlowKVPrefillRouter
+from pdserve.policies.flowkv.role_manager import FlowKVRoleManager
+from pdserve.policies.flowkv.settings import FlowKVSettings
+from pdserve.types import Role
+
+if TYPE_CHECKING:
+    from pdserve.policies.presets import PolicySetup
+
+
+def flowkv_roles(setup: PolicySetup) -> list[Role]:
+    if setup.roles:
+        return list(setup.roles)
+    return ([Role.PREFILL] * setup.prefill + [Role.DECODE] * setup.decode
+            + [Role.RESERVE] * setup.reserve)
+
+
+def build_flowkv(setup: PolicySetup) -> tuple[Policy, int]:
+    roles = flowkv_roles(setup)
+    perfs = list(setup.perfs) if setup.perfs else [setup.perf] * len(roles)
+    homes = [role if role in (Role.PREFILL, Role.DECODE) else Role.RESERVE for role in roles]
+    context = FlowKVContext(setup.flowkv or FlowKVSettings(), perfs, homes,
+                            setup.chunk_size_tokens, setup.max_batch_size)
+    policy = Policy(
+        name="flowkv",
+        prefill_router=FlowKVPrefillRouter(context, setup.prefix_aware),
+        decode_router=FlowKVDecodeRouter(context),
+        role_manager=FlowKVRoleManager(context, roles, PhasePriority.PREFILL_FIRST),
+        phase_priority=PhasePriority.PREFILL_FIRST)
+    return policy, len(roles)

@@ -1,0 +1,133 @@
+"""Prefix cache in the local scheduler and the simulator: hits, suffix-only prefill, LRU
+eviction under memory pressure, and prefix-aware routing; heterogeneous GPU groups."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.cluster.hardware import parse_instances
+from pdserve.config import SimConfig
+from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.instance.prefix_cache import PrefixCache, chain_hashes, usable_hit_blocks
+from pdserve.perf.specs import gpu_spec
+from pdserve.sim.hetero import heterogeneous_layout
+from pdserve.sim.runner import Experiment
+from pdserve.types import Request, Role
+
+
+def scheduler(blocks: int) -> LocalScheduler:
+    local = LocalScheduler(0, blocks, chunk_size_tokens=4096)
+    local.prefix_cache = PrefixCache(64)  # 4 KV blocks per hash
+    return local
+
+
+def run_prefill(local: LocalScheduler, request: Request) -> tuple[int, int]:
+    """Prefill `request` to its first token; (tokens computed, its cached hash blocks)."""
+    local.enqueue_prefill(request)
+    plan = local.plan()
+    computed = sum(tokens for _, tokens in plan.chunks)
+    local.complete(plan)
+    return computed, request.cached_blocks
+
+
+def finish(local: LocalScheduler, request: Request) -> None:
+    local.continue_in_place(request)
+    while (plan := local.plan()) is not None:
+        local.complete(plan)
+
+
+def test_a_repeated_prefix_is_reused_and_only_the_suffix_computed():
+    local = scheduler(100)
+    first = Request(1, 0.0, 300, 2, hash_ids=(11, 12, 13, 14))  # 4 full blocks of 64
+    assert run_prefill(local, first) == (300, 4)
+    assert local.used_blocks == 19  # blocks_for(301): the cached ones still in use
+    second = Request(2, 0.0, 280, 2, hash_ids=(11, 12, 13, 99))
+    assert run_prefill(local, second) == (280 - 3 * 64, 4)  # 3 hits, its 4th block new
+    assert local.prefix_cache.hit_tokens_total == 192
+    assert local.used_blocks == 19 + 18 - 12  # the 3 shared hash blocks counted once
+    finish(local, first)
+    finish(local, second)
+    cache = local.prefix_cache
+    assert local.free_blocks == 100 and len(cache) == 5  # all free, all content kept
+    assert cache.cached_blocks == 20
+    # a whole-prompt hit still computes its last block (one token samples the first output)
+    again = Request(3, 0.0, 256, 2, hash_ids=(11, 12, 13, 14))
+    assert usable_hit_blocks(4, 256, 64) == 3
+    assert run_prefill(local, again) == (64, 3)  # its recomputed 4th block: a copy, not cached
+
+
+def test_memory_pressure_evicts_least_recently_used_entries_tail_first():
+    local = scheduler(40)
+    a = Request(1, 0.0, 128, 1, hash_ids=(1, 2))  # output 1: finishes at prefill
+    b = Request(2, 0.0, 128, 1, hash_ids=(3, 4))
+    run_prefill(local, a)
+    run_prefill(local, b)
+    cache = local.prefix_cache
+    assert local.free_blocks == 40 and cache.cached_blocks == 16
+    big = Request(3, 0.0, 27 * 16, 1)  # 27 blocks: 24 truly free, 3 taken from the cache
+    run_prefill(local, big)
+    assert cache.evictions_total == 1  # one entry of 4 blocks: a's tail (least recent)
+    assert 2 not in cache and 1 in cache and 3 in cache and 4 in cache
+    hit_before = cache.hit_tokens_total
+    assert run_prefill(local, Request(4, 0.0, 129, 1, hash_ids=(1, 2)))[0] == 129 - 64
+    assert run_prefill(local, Request(5, 0.0, 129, 1, hash_ids=(3, 4)))[0] == 1
+    assert cache.hit_tokens_total - hit_before == 64 + 128
+
+
+def test_chain_hashes_depend_on_everything_before():
+    a = chain_hashes(list(range(40)), 16)
+    b = chain_hashes([99] + list(range(1, 40)), 16)
+    assert len(a) == 2 and a[0] != b[0] and a[1] != b[1]  # only the first token differs
+    assert chain_hashes(list(range(40)), 16) == a
+
+
+def mooncake(policy: str, **fields) -> Experiment:
+    config = SimConfig(policy=policy, trace="mooncake-conv", max_requests=600, rate_scale=0.5,
+                       prefill=2, decode=2, model="llama-3.1-8b", gpu="a100", **fields)
+    return Experiment.from_config(config)
+
+
+def test_prefix_aware_routing_finds_more_cache_hits_on_mooncake():
+    hits = {}
+    for aware in (True, False):
+        result = mooncake("flowkv", prefix_aware_routing=aware).simulate()
+        assert all(r.finished for r in result.requests)
+        hits[aware] = result.prefix_hit_tokens
+    assert hits[True] > hits[False] > 0
+    no_cache = mooncake("flowkv", prefix_block_tokens=0).simulate()
+    assert no_cache.prefix_hit_tokens == 0
+
+
+def test_gpu_groups_give_each_instance_its_own_model_memory_and_node():
+    groups = parse_instances("4xh20:decode, 4xl20:prefill")
+    assert [(g.count, g.gpu, g.role) for g in groups] == [(4, "l20", Role.PREFILL),
+                                                           (4, "h20", Role.DECODE)]
+    with pytest.raises(ValueError, match="COUNTxGPU"):
+        parse_instances("4l20:prefill")
+    with pytest.raises(ValueError, match="unknown role"):
+        parse_instances("4xl20:prefil")
+    layout = heterogeneous_layout(SimConfig(instances="4xl20:prefill,4xh20:decode",
+                                            model="llama-3.1-8b"))
+    l20, h20 = layout.perfs[0], layout.perfs[4]
+    assert l20.kv_capacity_tokens < h20.kv_capacity_tokens  # 48 GB vs 96 GB
+    assert l20.decode.step_s(32, 32_000) > h20.decode.step_s(32, 32_000)  # 864 vs 4000 GB/s
+    assert layout.topology.nodes == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert layout.topology.intra_node[0].bytes_per_s < layout.topology.intra_node[4].bytes_per_s
+    assert gpu_spec("l20").memory_gb == 48 and "L20" in gpu_spec("l20").source
+    with pytest.raises(ValueError, match="reserve instances need policy flowkv"):
+        Experiment.from_config(SimConfig(instances="1xl20:prefill,1xh20:decode,1xh20:reserve",
+                                         policy="static-pd", trace="synthetic",
+                                         synthetic_requests=2)).simulate()
+
+
+def test_flowkv_scales_up_from_its_reserve_under_overload():
+    config = SimConfig(policy="flowkv", trace="synthetic", synthetic_requests=400,
+                       synthetic_rate_rps=6.0, synthetic_lengths="fixed:4000:200",
+                       prefill=1, decode=1, reserve=2, model="llama-3.1-8b", gpu="a100")
+    result = Experiment.from_config(config).simulate()
+    ups = [c for c in result.role_changes if "scale up" in c.reason]
+    assert ups and all(c.instance_id in (2, 3) for c in ups)
+    assert all(r.finished for r in result.requests)
+    served = {r.prefill_instance for r in result.requests} | \
+        {r.decode_instance for r in result.requests}
+    assert served & {2, 3}
