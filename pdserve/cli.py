@@ -63,7 +63,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--phase-priority", choices=["decode-first", "prefill-first"],
                    help="local schedulers' phase priority [the policy's]")
     c.add_argument("--prefix-block-tokens", type=int, help="tokens per prefix hash of the "
-                   "trace (Mooncake: 512); 0 turns the instances' prefix caches off [512]")
+                   "trace (Mooncake: 512); 0 turns the instances' prefix caches off [512 for "
+                   "flowkv, off otherwise]")
     c.add_argument("--no-prefix-aware-routing", dest="prefix_aware_routing",
                    action="store_false", default=None,
                    help="flowkv: route prefills without looking at prefix-cache hits")
@@ -75,7 +76,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--max-batch-size", type=int, help="max sequences per instance [256]")
     c.add_argument("--transfer-mode", choices=["aligned", "per-block-per-layer", "fixed"],
                    help="count a KV transfer's calls: runs after FlowKV alignment, one per "
-                   "block per layer (K and V), or --transfer-calls [aligned]")
+                   "block per layer (K and V), or --transfer-calls [aligned for flowkv, fixed "
+                   "otherwise]")
     c.add_argument("--transfer-calls", type=int, help="calls per KV hand-off, fixed mode [1]")
     c.add_argument("--instances-per-node", type=int, help="instances per node, filled in id "
                    "order [as many as fit on 8 GPUs at the tp degree]")

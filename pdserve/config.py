@@ -53,12 +53,16 @@ class SimConfig:
     chunk_size_tokens: int = 2048
     max_batch_size: int = 256
     transfer_calls: int = 1  # per KV hand-off, with transfer_mode "fixed"
-    transfer_mode: str = "aligned"  # aligned | per-block-per-layer | fixed (pdserve.sim.blocks)
+    # aligned | per-block-per-layer | fixed (pdserve.sim.blocks); "": aligned for the flowkv
+    # preset, fixed otherwise (tracking block ids costs the simulator 2-3x its speed)
+    transfer_mode: str = ""
     # cluster network (pdserve.cluster.topology): instances fill nodes in id order
     instances_per_node: int = 0  # 0: as many as fit on an 8-GPU node at the tp degree
     intra_node_link: str = "gpu"  # the GPU's link as the perf model prices it, or a named link
     inter_node_link: str = "rdma-200g"  # rdma-100g/200g/400g, tcp-25g/100g, custom:GBps:us
-    prefix_block_tokens: int = 512  # tokens per prefix hash (Mooncake: 512); 0: no prefix cache
+    # tokens per prefix hash (Mooncake: 512); 0: no prefix cache; -1: 512 for the flowkv
+    # preset, off otherwise (the cache changes results on traces with hash ids, and costs speed)
+    prefix_block_tokens: int = -1
     monitor_interval_s: float = 1.0
     monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
     arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
@@ -113,12 +117,14 @@ class SimConfig:
                 network_link(value)
             except ValueError as err:
                 raise ValueError(f"config field {name!r}: {err}") from None
-        if self.transfer_mode not in ("aligned", "per-block-per-layer", "fixed"):
+        if self.transfer_mode not in ("", "aligned", "per-block-per-layer", "fixed"):
             raise ValueError(f"config field 'transfer_mode' must be aligned, "
                              f"per-block-per-layer or fixed, got {self.transfer_mode!r}")
-        if self.prefix_block_tokens < 0 or self.prefix_block_tokens % 16:
+        if self.prefix_block_tokens != -1 and (self.prefix_block_tokens < 0
+                                               or self.prefix_block_tokens % 16):
             raise ValueError(f"config field 'prefix_block_tokens' must be a multiple of 16 "
-                             f"(0: no prefix cache), got {self.prefix_block_tokens}")
+                             f"(0: no prefix cache, -1: the preset's), got "
+                             f"{self.prefix_block_tokens}")
         if self.tp < 0:
             raise ValueError(f"config field 'tp' must not be negative, got {self.tp}")
         if not 0 < self.goodput_target <= 1:
@@ -167,3 +173,15 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
             return value
     wanted = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)
     raise ValueError(f"{source}: field {key!r} must be {wanted}, got {value!r}")
+
+
+def effective_transfer_mode(config: SimConfig) -> str:
+    """The transfer-call accounting a run uses (the preset's when the config leaves it)."""
+    return config.transfer_mode or ("aligned" if config.policy == "flowkv" else "fixed")
+
+
+def effective_prefix_block_tokens(config: SimConfig) -> int:
+    """Tokens per prefix hash a run's instances cache (0: none; the preset's when -1)."""
+    if config.prefix_block_tokens >= 0:
+        return config.prefix_block_tokens
+    return 512 if config.policy == "flowkv" else 0

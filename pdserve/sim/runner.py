@@ -15,7 +15,7 @@ from pdserve.bench.synthetic import synthetic_workload
 from pdserve.bench.traces import load_trace
 from pdserve.bench.workload import Workload
 from pdserve.cluster.topology import GPU_LINK, Link, Topology, gpu_link, network_link
-from pdserve.config import SimConfig
+from pdserve.config import SimConfig, effective_prefix_block_tokens, effective_transfer_mode
 from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp, perf_model
@@ -109,7 +109,7 @@ class Experiment:
             perfs=perfs, roles=layout.roles if layout and config.policy == "flowkv" else (),
             reserve=config.reserve, prefix_aware=config.prefix_aware_routing,
             flowkv=replace(self.flowkv or FlowKVSettings(),
-                           prefix_block_tokens=config.prefix_block_tokens or 512),
+                           prefix_block_tokens=effective_prefix_block_tokens(config) or 512),
             chunk_size_tokens=config.chunk_size_tokens,
             max_batch_size=config.max_batch_size, monitor_window_s=config.monitor_window_s,
             prefill_router=config.prefill_router, decode_router=config.decode_router,
@@ -119,8 +119,8 @@ class Experiment:
             policy.phase_priority = parse_phase_priority(config.phase_priority)
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
                                config.transfer_calls, config.monitor_interval_s, max_span_steps,
-                               config.transfer_mode, kv_layers(config),
-                               config.prefix_block_tokens)
+                               effective_transfer_mode(config), kv_layers(config),
+                               effective_prefix_block_tokens(config))
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
         if layout is not None:
             check_layout_roles(config.policy, layout.roles)
