@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from pdserve.instance.prefill_queue import PrefillQueue
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
+from pdserve.instance.session_cache import SessionCache
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
 
@@ -73,6 +74,12 @@ class LocalScheduler:
         self.held: dict[int, tuple[Request, int]] = {}  # prefilled here, awaiting hand-off
         self._admit_counter = 0
         self._preempted_pending: list[Request] = []  # until a plan tells the engine
+        # sessions (AMPD): idle history KV kept here, remote prefills whose history must be
+        # read from the session's decode instance first (rid -> read started), and the
+        # history tokens an incoming hand-off found here (only the rest moves)
+        self.sessions = SessionCache()
+        self.history_reads: dict[int, bool] = {}
+        self.transfer_reused_tokens: dict[int, int] = {}
         # load counters, kept incrementally so reading them is O(1)
         self.decode_queue_tokens = 0
         self.running_tokens = 0
@@ -107,7 +114,39 @@ class LocalScheduler:
 
     # ---- work coming in ----
     def enqueue_prefill(self, request: Request) -> None:
+        """Queue a prefill. A session round reusing history (`cached_prefix_tokens`) takes
+        over the history's blocks when they are here (a local prefill); otherwise it must
+        read them from its decode instance before it is admitted (a remote prefill, lazily:
+        the driver starts the read when the request heads the queue, `history_reads_due`)."""
+        if request.cached_prefix_tokens:
+            if request.session_id in self.sessions:
+                request.cached_prefix_tokens, request.kv_blocks = \
+                    self.sessions.take(request.session_id)
+            else:
+                self.history_reads[request.request_id] = False
         self.prefills.push(request)
+
+    def history_reads_due(self) -> list[Request]:
+        """The queue's next request, if its history read has not started; marks it started.
+        Reading when a task is next (not at routing) is AMPD's lazy read (sec. 6); it
+        overlaps the computation of the batch in progress."""
+        waiting = self.prefills.waiting
+        if not self.history_reads or not waiting:
+            return []
+        head = self.prefills.peek()
+        if self.history_reads.get(head.request_id) is False:
+            self.history_reads[head.request_id] = True
+            return [head]
+        return []
+
+    def history_read_done(self, request: Request) -> None:
+        self.history_reads.pop(request.request_id, None)
+
+    def _reclaim(self, blocks_needed: int, keep_session: int = -1) -> None:
+        """Evict session history (LRU, idle first) until `blocks_needed` blocks are free."""
+        if blocks_needed > self.free_blocks and len(self.sessions):
+            self.free_blocks += self.sessions.evict(blocks_needed - self.free_blocks,
+                                                    keep_session)
 
     def continue_in_place(self, request: Request) -> None:
         """Decode a request here whose prefill this instance just finished."""
@@ -131,12 +170,19 @@ class LocalScheduler:
         started: list[Request] = []
         while self.transfer_queue:
             request = self.transfer_queue[0]
-            need = blocks_for(request.sequence_tokens - 1)
-            if need > self.free_blocks:
+            total = blocks_for(request.sequence_tokens - 1)
+            history_blocks = 0
+            if request.session_id in self.sessions:  # only the new tokens' KV comes in
+                history_blocks = min(self.sessions.blocks_of(request.session_id), total)
+            self._reclaim(total - history_blocks, request.session_id)
+            if total - history_blocks > self.free_blocks:
                 break
             self.transfer_queue.popleft()
-            self.free_blocks -= need
-            request.kv_blocks = need
+            if history_blocks:
+                tokens, history_blocks = self.sessions.take(request.session_id)
+                self.transfer_reused_tokens[request.request_id] = tokens
+            self.free_blocks -= total - history_blocks
+            request.kv_blocks = total
             self.transferring[request.request_id] = request
             started.append(request)
         return started
@@ -164,6 +210,7 @@ class LocalScheduler:
         """Drop a request wherever it is (a cancelled client) and free its blocks. Not
         while it is in a planned batch: the driver aborts between steps."""
         rid = request.request_id
+        self.history_reads.pop(rid, None)
         if rid in self.held:
             self.release_handoff(request)
             return
@@ -219,6 +266,7 @@ class LocalScheduler:
         needs = [-(-(r.input_tokens + r.generated_tokens) // KV_BLOCK_TOKENS) - r.kv_blocks
                  for r in running]
         total = sum(needs)
+        self._reclaim(total)
         if total <= self.free_blocks:  # the common case: every decode can grow
             if total:
                 self.free_blocks -= total
@@ -251,7 +299,10 @@ class LocalScheduler:
             budget_tokens -= tokens
         while (admit_waiting and budget_tokens > 0 and prefills.waiting
                and len(self.running) + len(prefills.active) < self.max_batch_size):
-            tokens = self._allocate_chunk(prefills.waiting[0], budget_tokens)
+            head = prefills.peek()
+            if head.request_id in self.history_reads:
+                break  # its history KV is still being read
+            tokens = self._allocate_chunk(head, budget_tokens)
             if tokens == 0:
                 break
             request = prefills.admit_head()
@@ -265,6 +316,7 @@ class LocalScheduler:
         remaining = request.prefill_target_tokens - request.prefilled_tokens
         tokens = min(remaining, budget_tokens)
         need = blocks_for(request.prefilled_tokens + tokens) - request.kv_blocks
+        self._reclaim(need)
         if need > self.free_blocks:
             return 0
         self.free_blocks -= need
@@ -349,7 +401,7 @@ class LocalScheduler:
         if not first:
             result.recomputed.append(request)
         if request.generated_tokens >= request.output_tokens or request.request_id in stopped:
-            self._free_kv(request)
+            self._release_finished(request)
             result.finished.append(request)
         elif first:
             self.held[request.request_id] = (request, request.kv_blocks)
@@ -361,8 +413,18 @@ class LocalScheduler:
 
     def _finish(self, request: Request, result: BatchResult) -> None:
         self._drop_running(request)
-        self._free_kv(request)
+        self._release_finished(request)
         result.finished.append(request)
+
+    def _release_finished(self, request: Request) -> None:
+        """A finished session round keeps its KV here for the next round (`retain_kv`)."""
+        if request.retain_kv and request.session_id >= 0:
+            self.free_blocks += self.sessions.store(request.session_id,
+                                                    request.sequence_tokens - 1,
+                                                    request.kv_blocks)
+            request.kv_blocks = 0
+        else:
+            self._free_kv(request)
 
     def _drop_running(self, request: Request) -> None:
         del self.running[request.request_id]
