@@ -50,7 +50,7 @@ from pdserve.policies.base import Policy
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.links import LinkSimulator
 from pdserve.sim.sessions import SessionKV, SessionRounds, SessionStats
-from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
+from pdserve.types import KV_BLOCK_TOKENS, Request, Role, attn_units, record_decode_tokens
 
 _BATCH_DONE, _TRANSFER_DONE, _TICK, _ARRIVAL = 0, 1, 2, 3
 
@@ -128,6 +128,14 @@ class SimSettings:
             raise ValueError(f"monitor_interval_s must be positive, got {self.monitor_interval_s}")
 
 
+def _prefill_estimate(perf: PerfModel) -> Callable[[Request], float]:
+    """The instance's estimated time for the rest of a queued request's prefill."""
+    def estimate(request: Request) -> float:
+        tokens = request.prefill_target_tokens - request.prefilled_tokens
+        return perf.prefill.time_s(tokens, attn_units(tokens, request.prefilled_tokens))
+    return estimate
+
+
 class Simulator:
     """`perf` is one performance model for every instance or one per instance; `topology`
     places the instances and names their links (default: all on one node, each on its own
@@ -155,6 +163,10 @@ class Simulator:
                         model, self.view, self.settings.max_span_steps)
             for i, model in enumerate(self.perfs)]
         self.view.instances = self.instances
+        for instance in self.instances:
+            bind = getattr(instance.local.prefills.order, "bind_instance", None)
+            if bind is not None:  # an order that reads the time and prefill estimates
+                bind(self._clock, _prefill_estimate(instance.perf))
         self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
         self._seq = 0
@@ -172,6 +184,9 @@ class Simulator:
         self._rounds = SessionRounds(())
         self._session_kv = SessionKV([i.local for i in self.instances], self._rounds.stats,
                                      lambda i: self._touch(self.instances[i]))
+
+    def _clock(self) -> float:
+        return self.view.now_s
 
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:
