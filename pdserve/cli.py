@@ -34,7 +34,9 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     w = p.add_argument_group("workload")
     w.add_argument("--trace", help=f"shipped trace ({', '.join(SHIPPED_TRACES)}), a trace file "
-                   "(pdserve/Azure/BurstGPT CSV, Mooncake JSONL), or 'synthetic' [azure-conv]")
+                   "(pdserve/Azure/BurstGPT CSV, Mooncake JSONL), 'synthetic', or multi-round "
+                   "sessions: sharegpt-sessions, agent:toolbench|gaia|hotpotqa|dureader "
+                   "(--synthetic-requests sessions at --synthetic-rate per second) [azure-conv]")
     w.add_argument("--rate-scale", type=float, help="multiply the request rate [1]")
     w.add_argument("--start", type=float, help="skip the first START seconds of the trace [0]")
     w.add_argument("--duration", type=float, help="keep DURATION seconds of the trace [all]")
@@ -120,6 +122,12 @@ def _run_simulate(args: argparse.Namespace) -> int:
     print(format_summary(summary, experiment.slo,
                          f"policy {config.policy}: simulated {result.end_s:.0f}s in "
                          f"{time.perf_counter() - started:.1f}s wall"))
+    if result.sessions.rounds:
+        stats = result.sessions
+        print(f"sessions: {stats.rounds} later rounds, {stats.local_prefills} prefilled on "
+              f"their decode instance, {stats.remote_prefills} elsewhere; history evicted "
+              f"(re-prefilled) {stats.history_evicted}, recomputed away from it "
+              f"{stats.history_recomputed}")
     goodput = None
     if config.goodput:
         print("goodput search:")
