@@ -358,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     _profile_parser(sub)
     _serve_parser(sub)
     _bench_parser(sub)
+    from pdserve.planning.cli import add_plan_parser
+
+    add_plan_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
