@@ -6,7 +6,7 @@
    replica, per-request mean ITL for a decode replica (Appendix A.1: the simulator models
    phase splitting and KV transmission with the alpha-beta model). The other phase is an
    idealised instance (a thousandth of the time, unbounded memory), so the figure is the
-   replica's own. Replica counts are simulated on a grid (every k up to 8, then about x1.5
+   replica's own. Replica counts are simulated on a grid (every k up to 8, then doubling
    steps, and the largest) and interpolated linearly in the load 1/k in between.
 2. Solve the ILP of Eq. 5 (`ampd_ilp.solve`) for the top three deployments.
 Simulations run in `--jobs` processes (2 by default), with a progress line per result.
@@ -15,7 +15,6 @@ Simulations run in `--jobs` processes (2 by default), with a progress line per r
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -53,7 +52,7 @@ def replica_grid(max_count: int) -> list[int]:
     counts, k = [], 1
     while k <= max_count:
         counts.append(k)
-        k = k + 1 if k < 8 else math.ceil(k * 1.5)
+        k = k + 1 if k < 8 else k * 2
     if counts[-1] != max_count:
         counts.append(max_count)
     return counts
