@@ -211,6 +211,7 @@ class LocalScheduler:
         while it is in a planned batch: the driver aborts between steps."""
         rid = request.request_id
         self.history_reads.pop(rid, None)
+        self.transfer_reused_tokens.pop(rid, None)
         if rid in self.held:
             self.release_handoff(request)
             return

@@ -16,7 +16,10 @@ what `evict` and `drop` return.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from pdserve.types import blocks_for
 
 
 @dataclass(slots=True)
@@ -31,6 +34,7 @@ class SessionCache:
         self._entries: OrderedDict[int, SessionKV] = OrderedDict()  # least recent first
         self.blocks = 0
         self.evictions_total = 0
+        self.on_evict: Callable[[int], None] | None = None  # a live engine frees the KV
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -81,6 +85,19 @@ class SessionCache:
         self.blocks -= entry.blocks
         return entry.blocks
 
+    def trim(self, session_id: int, tokens: int) -> int:
+        """Keep only the first `tokens` of the history (0: forget it); returns freed
+        blocks. A live engine reuses a history only as far as the new tokens agree."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return 0
+        if tokens <= 0:
+            return self.drop(session_id)
+        keep = min(entry.blocks, blocks_for(tokens))
+        freed, entry.blocks, entry.tokens = entry.blocks - keep, keep, min(tokens, entry.tokens)
+        self.blocks -= freed
+        return freed
+
     def evict(self, blocks_needed: int, keep_session: int = -1) -> int:
         """Evict entries, least recently used first, until `blocks_needed` blocks are
         freed or none is left; returns the blocks freed. Idle entries go first; pinned ones
@@ -96,4 +113,6 @@ class SessionCache:
                     return freed
                 freed += self.drop(session_id)
                 self.evictions_total += 1
+                if self.on_evict is not None:
+                    self.on_evict(session_id)
         return freed

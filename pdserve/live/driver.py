@@ -67,6 +67,7 @@ from pdserve.live.messages import (
 from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.live.requests import LiveRequest, Overloaded
+from pdserve.live.sessions import LiveSessions
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
@@ -90,6 +91,9 @@ class LiveDriver(Failover):
         self._transfer_sources: dict[int, int] = {}  # KV copy in flight: request -> source
         self._executing: dict[int, frozenset[int]] = {}  # instance -> its running batch
         self.role_changes: deque[tuple[float, int, str, str]] = deque(maxlen=32)
+        self.sessions = LiveSessions()  # X-Session-Id -> binding (AMPD sessions)
+        # instance -> its engine's (prefill tokens computed, tokens reused from history)
+        self.engine_counters: dict[int, tuple[int, int]] = {}
         self.workers = WorkerProcesses(workers, num_instances)
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
@@ -110,7 +114,9 @@ class LiveDriver(Failover):
             self._fail(live, "the server is shutting down", 503, "shutdown")
 
     # ---- requests ----
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> LiveRequest:
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               session: str = "") -> LiveRequest:
+        """Admit a request; `session` names its conversation (`live/sessions.py`)."""
         if len(self.live) >= self.max_outstanding:
             self.metrics.count("rejections")
             raise Overloaded(f"{len(self.live)} requests in flight (limit "
@@ -119,6 +125,8 @@ class LiveDriver(Failover):
         if params.seed is None:  # a re-run (a new attempt id) must draw as this one does
             params = replace(params, seed=self._next_id)
         request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens)
+        if session:
+            self.sessions.attach(request, session)
         live = LiveRequest(request, tuple(prompt_ids), params,
                            TextStream(self.tokenizer, params.stop, params.min_tokens),
                            client_id=self._next_id)
@@ -170,7 +178,7 @@ class LiveDriver(Failover):
                 self._bump_prefill(action.instance_id, live)
                 self._send(action.instance_id, AddRequest(
                     live.request.request_id, live.prompt_ids, live.params,
-                    tuple(live.token_ids)))
+                    tuple(live.token_ids), live.request.session_id))
             elif isinstance(action, DispatchDecode):
                 self._dispatch_decode(action)
             elif isinstance(action, Reject):
@@ -224,7 +232,8 @@ class LiveDriver(Failover):
             stats, decode_queue_len=stats.decode_queue_len + 1,
             decode_queue_tokens=stats.decode_queue_tokens + len(handoff.token_ids))
         self._transfer_sources[handoff.request_id] = source
-        self._send(target, AdoptKV(handoff))
+        live = self.live.get(handoff.request_id)
+        self._send(target, AdoptKV(handoff, live.request.session_id if live else -1))
 
     def migrate(self, request_id: int, target: int) -> None:
         """Move a running decode to `target` (an operator's or a test's request; policies
@@ -240,6 +249,8 @@ class LiveDriver(Failover):
     def _on_message(self, message: object) -> None:
         if isinstance(message, StepDone):
             self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
+            self.engine_counters[message.instance_id] = (message.prefill_tokens_total,
+                                                         message.reused_tokens_total)
             for request_id, token, reason, logprob in message.tokens:
                 self._on_token(message.instance_id, request_id, token, reason, logprob)
         elif isinstance(message, Executing):
@@ -324,6 +335,8 @@ class LiveDriver(Failover):
         if not worker_reason:
             self._send(instance, Cancel(request.request_id))
         live.events.put_nowait(("done", reason))
+        if request.session_id >= 0:
+            self.sessions.finished(request, instance)
         self._handle(Finished(request, instance))
 
     def _fail(self, live: LiveRequest, message: str, http_status: int, reason: str,

@@ -22,6 +22,7 @@ class AddRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     resume_ids: tuple[int, ...] = ()
+    session_id: int = -1  # reuse/keep the session's history KV here (AMPD sessions)
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,11 @@ class ContinueInPlace:
 
 @dataclass(frozen=True)
 class AdoptKV:
-    """Take over a prefilled sequence; copy its KV from the sender's pool when admitted."""
+    """Take over a prefilled sequence; copy its KV from the sender's pool when admitted
+    (only past the session's history when this worker keeps it)."""
 
     handoff: KVHandoff
+    session_id: int = -1
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,10 @@ class StepDone:
     instance_id: int
     tokens: tuple[tuple[int, int, str, TokenLogprob | None], ...]
     stats: InstanceStats
+    # the engine's cumulative counters: prompt tokens computed by prefill chunks, and
+    # tokens a session's kept history provided instead
+    prefill_tokens_total: int = 0
+    reused_tokens_total: int = 0
 
 
 @dataclass(frozen=True)

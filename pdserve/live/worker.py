@@ -70,6 +70,7 @@ class Worker:
                              shared_name=f"pdserve-{os.getpid()}-{instance_id}")
         install_from_env(self.engine)
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size)
+        self.local.sessions.on_evict = self.engine.sessions.drop  # the two stay in step
         self.step_log = StepLog.from_env(instance_id)  # in-situ profile rows, when asked
         self.requests: dict[int, Request] = {}
         self.handoffs: dict[int, AdoptKV] = {}
@@ -145,24 +146,34 @@ class Worker:
             # resumed tokens are prefilled with the prompt; the local scheduler sees one
             # longer prompt and what is left of max_tokens, so the first prefill still hands
             # off, and the engine's sequence counts the resumed tokens as generated
-            resumed = len(command.resume_ids)
+            resumed, session = len(command.resume_ids), command.session_id
             request = Request(command.request_id, 0.0, len(command.prompt_ids) + resumed,
-                              command.params.max_tokens - resumed)
+                              command.params.max_tokens - resumed, session_id=session,
+                              retain_kv=session >= 0)
             try:
-                engine.add(command.request_id, list(command.prompt_ids), command.params,
-                           command.resume_ids)
+                reused = engine.add(command.request_id, list(command.prompt_ids),
+                                    command.params, command.resume_ids, session)
             except ValueError as err:
                 self.connection.send(WorkerError(self.instance_id, command.request_id, str(err)))
                 return
+            if session >= 0:  # the scheduler counts the history the engine reused
+                local.free_blocks += local.sessions.trim(session, reused)
+                request.cached_prefix_tokens = reused
             self.requests[request.request_id] = request
             local.enqueue_prefill(request)
         elif isinstance(command, ContinueInPlace):
             local.continue_in_place(self.requests[command.request_id])
         elif isinstance(command, AdoptKV):
-            handoff = command.handoff
+            handoff, session = command.handoff, command.session_id
+            if session >= 0:  # only the history that agrees with the sequence is merged
+                reuse = engine.sessions.reusable(session, handoff.token_ids,
+                                                 handoff.computed_tokens)
+                engine.sessions.trim(session, reuse)
+                local.free_blocks += local.sessions.trim(session, reuse)
             request = Request(handoff.request_id, 0.0, handoff.prompt_tokens,
                               handoff.params.max_tokens,
-                              generated_tokens=len(handoff.token_ids) - handoff.prompt_tokens)
+                              generated_tokens=len(handoff.token_ids) - handoff.prompt_tokens,
+                              session_id=session, retain_kv=session >= 0)
             self.requests[request.request_id] = request
             self.handoffs[request.request_id] = command
             local.enqueue_transfer_in(request)
@@ -195,7 +206,9 @@ class Worker:
                 if handoff.pool_name not in self.peers:
                     self.peers[handoff.pool_name] = attach_pool(handoff.pool_name,
                                                                 self.engine.pool)
-                self.engine.import_from(handoff, self.peers[handoff.pool_name])
+                merge = self.local.transfer_reused_tokens.pop(request.request_id, 0)
+                self.engine.import_from(handoff, self.peers[handoff.pool_name],
+                                        request.session_id if merge else -1)
             except Exception as err:  # noqa: BLE001 - e.g. the sender's pool is gone
                 self.drop(request.request_id)
                 self.connection.send(WorkerError(
@@ -236,7 +249,9 @@ class Worker:
         tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob)
                        for o in outputs)
         self._reported, self._reported_at = self.stats(), time.monotonic()  # as sent
-        self.connection.send(StepDone(self.instance_id, tokens, self._reported))
+        self.connection.send(StepDone(self.instance_id, tokens, self._reported,
+                                      self.engine.prefill_tokens_total,
+                                      self.engine.reused_tokens_total))
         for request_id, (kind, message) in failures.items():
             self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
         for request in result.prefilled:
@@ -246,7 +261,8 @@ class Worker:
         for request in result.finished:
             if request.request_id not in failures:
                 self.requests.pop(request.request_id, None)
-                self.engine.release(request.request_id)
+                self.engine.release(request.request_id,
+                                    request.session_id if request.retain_kv else -1)
         return True
 
 
