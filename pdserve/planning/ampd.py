@@ -2,7 +2,8 @@
 
 1. For each phase, parallel degree n in {1, 2, 4, 8} (those the model fits and divides) and
    replica count k, simulate one replica of degree n carrying 1/k of the session load
-   (sessions start at rate/k) and take its p95 latency over the SLO: TTFT for a prefill
+   (sessions start at rate/k, over at least STEADY_S seconds up to MAX_SESSION_FACTOR times
+   the configured count) and take its p95 latency over the SLO: TTFT for a prefill
    replica, per-request mean ITL for a decode replica (Appendix A.1: the simulator models
    phase splitting and KV transmission with the alpha-beta model). The other phase is an
    idealised instance (a thousandth of the time, unbounded memory), so the figure is the
@@ -34,6 +35,8 @@ from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request
 
 DEGREES = (1, 2, 4, 8)
+STEADY_S = 20.0  # a replica's sessions arrive over at least this long (up to the cap),
+MAX_SESSION_FACTOR = 4  # so a busy replica reaches its steady state, not a short burst
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,10 @@ def replica_workload(inputs: PlanInputs, replicas: int) -> Workload:
     if not is_session_workload(inputs.workload):
         raise ValueError(f"the ampd planner needs a session workload (sharegpt-sessions, "
                          f"mooncake-sessions, agent:<kind>), got {inputs.workload!r}")
-    workload = session_workload(inputs.workload, inputs.sessions, inputs.rate_sps / replicas,
-                                inputs.seed)
+    rate = inputs.rate_sps / replicas
+    sessions = min(max(inputs.sessions, round(rate * STEADY_S)), MAX_SESSION_FACTOR
+                   * inputs.sessions)
+    workload = session_workload(inputs.workload, sessions, rate, inputs.seed)
     if inputs.workload == "mooncake-sessions":  # a fixed trace: thin it by rate instead
         workload = workload.scaled(1 / replicas)
     return workload
