@@ -189,3 +189,30 @@ def test_sharegpt_and_mooncake_sessions() -> None:
     later = mooncake.round_index > 1
     assert later.any() and (mooncake.history_tokens[later] > 0).all()
     assert (mooncake.history_tokens < mooncake.input_tokens).all()
+
+
+@pytest.mark.parametrize("policy", ["ampd", "continuum"])
+def test_sessions_fast_advance_equals_step_by_step(policy: str) -> None:
+    """Sessions under memory pressure (history evicted, preemptions): the simulator's
+    multi-step spans give every round the same times as running step by step."""
+    from pdserve.sim.simulator import SimSettings
+
+    perf = make_perf(kv_capacity_tokens=12_000)
+    outcomes = []
+    for span in (1, 1 << 20):
+        workload = session_workload("agent:hotpotqa", 40, 4.0, seed=3)
+        policy_obj, count = build_policy(policy, PolicySetup(perf, SLO(0.3, 0.02),
+                                                             instances=4, prefill=2, decode=2))
+        sim = Simulator(policy_obj, count, perf, SimSettings(chunk_size_tokens=512,
+                                                             max_span_steps=span))
+        result = sim.run(workload.requests())
+        outcomes.append((result, [(r.request_id, r.arrival_s, r.first_token_s, r.finish_s,
+                                   r.prefill_instance, r.decode_instance, r.preemptions,
+                                   r.cached_prefix_tokens) for r in result.requests]))
+    (slow, slow_rows), (fast, fast_rows) = outcomes
+    for a, b in zip(slow_rows, fast_rows, strict=True):
+        assert a[0] == b[0] and a[4:] == b[4:]
+        assert a[1:4] == pytest.approx(b[1:4], rel=1e-9, abs=1e-9)
+    assert slow.sessions == fast.sessions
+    assert fast.events < slow.events
+    assert fast.sessions.history_evicted + sum(r.preemptions for r in fast.requests) > 0
