@@ -50,7 +50,8 @@ def test_top_three_equal_exhaustive_search(seed: int) -> None:
 
 
 def test_interpolation_and_grid() -> None:
-    assert replica_grid(20) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 20]
+    assert replica_grid(20) == [1, 2, 3, 4, 6, 8, 16, 20]
+    assert replica_grid(7) == [1, 2, 3, 4, 6, 7]
     table = interpolate({1: 4.0, 4: 1.0}, range(1, 5))
     assert table[1] == 4.0 and table[4] == 1.0
     assert table[2] == pytest.approx(1.0 + 3.0 * (0.5 - 0.25) / 0.75)

@@ -7,7 +7,7 @@
    replica, per-request mean ITL for a decode replica (Appendix A.1: the simulator models
    phase splitting and KV transmission with the alpha-beta model). The other phase is an
    idealised instance (a thousandth of the time, unbounded memory), so the figure is the
-   replica's own. Replica counts are simulated on a grid (every k up to 8, then doubling
+   replica's own. Replica counts are simulated on a grid (1, 2, 3, 4, 6, 8, then doubling
    steps, and the largest) and interpolated linearly in the load 1/k in between.
 2. Solve the ILP of Eq. 5 (`ampd_ilp.solve`) for the top three deployments.
 Simulations run in `--jobs` processes (2 by default), with a progress line per result.
@@ -55,7 +55,7 @@ def replica_grid(max_count: int) -> list[int]:
     counts, k = [], 1
     while k <= max_count:
         counts.append(k)
-        k = k + 1 if k < 8 else k * 2
+        k = k + 1 if k < 4 else k + 2 if k < 8 else k * 2
     if counts[-1] != max_count:
         counts.append(max_count)
     return counts
@@ -146,6 +146,7 @@ def tau_tables(inputs: PlanInputs, jobs: int = 2, progress: bool = True
                          f"{inputs.gpus - 1} {inputs.gpu} GPUs")
     tasks = [(phase, degree, k, inputs) for phase in ("prefill", "decode") for degree in degrees
              for k in replica_grid((inputs.gpus - 1) // degree)]
+    tasks.sort(key=lambda task: task[2])  # the busiest replicas (fewest) are the slowest: first
     samples: dict[tuple[str, int], dict[int, float]] = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         for index, (phase, degree, k, tau) in enumerate(pool.map(_job, tasks), 1):
