@@ -71,3 +71,22 @@ def test_plan_by_simulation() -> None:
     deployments = solve(tau_prefill, tau_decode, inputs.gpus)
     assert deployments == plan(inputs, jobs=2, progress=False)  # same in two processes
     assert deployments[0].z == pytest.approx(brute_force(tau_prefill, tau_decode, 8)[0])
+
+
+def test_verification_ranks_the_shortlist_by_whole_cluster_attainment() -> None:
+    from pdserve.planning.ampd_ilp import Deployment
+    from pdserve.planning.ampd_verify import cluster_attainment, cluster_topology, verify
+
+    inputs = PlanInputs("qwen3-32b", "h20", 16, SLO(0.35, 0.04), "agent:toolbench",
+                        sessions=30, rate_sps=1.0)
+    shortlist = [Deployment(2, 3, 2, 1, 1.0, 1.0, 0.5), Deployment(4, 1, 1, 3, 2.0, 2.0, 0.5)]
+    checked = verify(inputs, shortlist, jobs=2)
+    assert {d for d, _ in checked} == set(shortlist)
+    scores = [score for _, score in checked]
+    assert scores == sorted(scores, reverse=True)
+    assert scores == [cluster_attainment(d, inputs) for d, _ in checked]
+    assert all(0.0 <= s <= 1.0 for s in scores)
+    # instances fill 8-GPU nodes in order: 3 x TP4 then 2 x TP4 spill to a second node
+    from pdserve.perf.presets import perf_model
+    perfs = [perf_model("qwen3-32b", "h20", 4)] * 3
+    assert cluster_topology(perfs, [4, 4, 4]).nodes == (0, 0, 1)

@@ -184,6 +184,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tpot-slo", type=float, default=0.04, help="ITL SLO, seconds [0.04]")
     p.add_argument("--jobs", type=int, default=2, help="simulation processes [2]")
     p.add_argument("--top", type=int, default=3, help="deployments to print [3]")
+    p.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="simulate the ILP's K best deployments as whole clusters under ampd "
+                        "and rank them by SLO attainment (pdserve's addition) [0: off]")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -197,10 +200,18 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"planning {inputs.model} on {inputs.gpus} {inputs.gpu} GPUs for {inputs.workload} "
           f"at {inputs.rate_sps:g} sessions/s (TTFT SLO {inputs.slo.ttft_s:g}s, ITL SLO "
           f"{inputs.slo.tpot_s:g}s)", flush=True)
-    deployments = plan(inputs, args.jobs, args.top)
-    print(f"top {len(deployments)} deployments (Z = worse phase's p95 latency / its SLO), "
-          f"{time.perf_counter() - started:.1f}s:")
-    for rank, deployment in enumerate(deployments, 1):
+    deployments = plan(inputs, args.jobs, max(args.top, args.verify))
+    print(f"top {min(args.top, len(deployments))} deployments by the ILP (Z = worse phase's "
+          f"p95 latency / its SLO), {time.perf_counter() - started:.1f}s:")
+    for rank, deployment in enumerate(deployments[:args.top], 1):
         print(f"  {rank}. {deployment.describe()}  Z={deployment.z:.3g} (prefill "
               f"{deployment.tau_prefill:.3g}, decode {deployment.tau_decode:.3g})")
+    if args.verify > 0:
+        from pdserve.planning.ampd_verify import verify
+
+        checked = verify(inputs, deployments[:args.verify], args.jobs)
+        print(f"the ILP's {len(checked)} best, simulated as whole clusters under ampd, "
+              f"{time.perf_counter() - started:.1f}s:")
+        for rank, (deployment, attainment) in enumerate(checked[:args.top], 1):
+            print(f"  {rank}. {deployment.describe()}  SLO attainment {attainment:.1%}")
     return 0
