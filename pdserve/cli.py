@@ -141,7 +141,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         (out / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
         write_summary_json(out / "summary.json", summary, asdict(config), goodput,
                            {"flips": result.flips, "role_changes": len(result.role_changes),
-                            "simulated_s": result.end_s})
+                            "simulated_s": result.end_s, "sessions": asdict(result.sessions)})
         write_requests_csv(out / "requests.csv", result.requests, experiment.slo)
         plots.plot_latency_cdfs(out / "latency_cdf.png", result.requests, experiment.slo,
                                 f"{config.policy} on {workload.name}")

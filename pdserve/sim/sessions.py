@@ -97,7 +97,9 @@ class SessionKV:
             return
         self.stats.rounds += 1
         home = request.home_instance
-        cached = self.locals[home].sessions.pin(request.session_id) if home >= 0 else 0
+        if home < 0:  # its earlier rounds are not in the workload (a clipped trace)
+            return
+        cached = self.locals[home].sessions.pin(request.session_id)
         request.cached_prefix_tokens = min(cached, request.history_tokens)
         if not cached:
             self.stats.history_evicted += 1
