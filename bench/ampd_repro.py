@@ -26,7 +26,7 @@ import argparse
 import itertools
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdserve.bench.metrics import summarize
 from pdserve.bench.sessions import AGENT_PROFILES, session_workload
@@ -64,6 +64,9 @@ class Case:
     load: float
     sessions: int
     tp: int
+    alpha: float = 0.9
+    beta: float = 0.85
+    window: int = 3
 
 
 def topology(perfs: list[PerfModel], tp: int) -> Topology:
@@ -91,7 +94,8 @@ def run_case(case: Case) -> dict[str, float]:
     workload = session_workload(f"agent:{case.trace}", case.sessions, rate, seed=1)
     half = instances // 2
     if case.policy in AMPD_VARIANTS:
-        policy, context = build_ampd_policy(case.policy, slo, half, instances - half, [perf])
+        policy, context = build_ampd_policy(case.policy, slo, half, instances - half, [perf],
+                                            case.alpha, case.beta, case.window)
     else:
         policy, _ = build_policy(case.policy, PolicySetup(perf, slo, instances=instances))
         context = None
@@ -182,6 +186,19 @@ def planner_vs_exhaustive(pool: ProcessPoolExecutor, sessions: int) -> None:
         print(f"  {pk}P x TP{pn} + {dk}D x TP{dn}: {score:.1%}")
 
 
+def sensitivity(pool: ProcessPoolExecutor, sessions: int) -> None:
+    """Fig. 6: w, alpha, beta one at a time (Llama-3.1-70B, DuReader-like, 16 GPUs)."""
+    base = Case("llama-3.1-70b", "dureader", "ampd", 1.6, sessions, 8)
+    variants = ([("w", w, replace(base, window=w)) for w in (2, 3, 4, 5)]
+                + [("alpha", a, replace(base, alpha=a)) for a in (0.75, 0.8, 0.85, 0.9, 0.95, 1.0)]
+                + [("beta", b, replace(base, beta=b)) for b in (0.75, 0.8, 0.85, 0.9, 0.95)])
+    results = list(pool.map(run_case, [case for _, _, case in variants]))
+    print("\n## Sensitivity (Fig. 6; Llama-3.1-70B, DuReader-like, 16 GPUs as TP8, load 1.6)\n")
+    for (name, value, _), result in zip(variants, results, strict=True):
+        print(f"  {name:5s} = {value:<5g}  attainment {result['attainment']:.1%}  "
+              f"(local share {result['local_share']:.0%})")
+
+
 def planner_time(sessions: int) -> None:
     print("\n## Planner wall time (2 processes; the machine is shared, so noisy)\n")
     perf = perf_model("qwen3-32b", "h20", 2)
@@ -202,6 +219,7 @@ def main() -> None:
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=2) as pool:
         end_to_end(pool, args.sessions)
+        sensitivity(pool, args.sessions)
         if not args.skip_planner:
             planner_vs_exhaustive(pool, args.sessions)
     if not args.skip_planner:
