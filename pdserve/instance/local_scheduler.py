@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from pdserve.instance.prefill_queue import PrefillQueue
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
-from pdserve.instance.session_cache import SessionCache
+from pdserve.instance.session_history import SessionHistory
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
 
@@ -74,12 +74,10 @@ class LocalScheduler:
         self.held: dict[int, tuple[Request, int]] = {}  # prefilled here, awaiting hand-off
         self._admit_counter = 0
         self._preempted_pending: list[Request] = []  # until a plan tells the engine
-        # sessions (AMPD): idle history KV kept here, remote prefills whose history must be
-        # read from the session's decode instance first (rid -> read started), and the
-        # history tokens an incoming hand-off found here (only the rest moves)
-        self.sessions = SessionCache()
-        self.history_reads: dict[int, bool] = {}
-        self.transfer_reused_tokens: dict[int, int] = {}
+        self.history = SessionHistory()  # sessions (AMPD): `instance/session_history.py`
+        self.sessions = self.history.cache
+        self.history_reads = self.history.reads
+        self.transfer_reused_tokens = self.history.transfer_reused_tokens
         # load counters, kept incrementally so reading them is O(1)
         self.decode_queue_tokens = 0
         self.running_tokens = 0
@@ -114,39 +112,19 @@ class LocalScheduler:
 
     # ---- work coming in ----
     def enqueue_prefill(self, request: Request) -> None:
-        """Queue a prefill. A session round reusing history (`cached_prefix_tokens`) takes
-        over the history's blocks when they are here (a local prefill); otherwise it must
-        read them from its decode instance before it is admitted (a remote prefill, lazily:
-        the driver starts the read when the request heads the queue, `history_reads_due`)."""
-        if request.cached_prefix_tokens:
-            if request.session_id in self.sessions:
-                request.cached_prefix_tokens, request.kv_blocks = \
-                    self.sessions.take(request.session_id)
-            else:
-                self.history_reads[request.request_id] = False
+        """Queue a prefill; a session round takes its history over or waits to read it."""
+        self.history.on_enqueue(request)
         self.prefills.push(request)
 
     def history_reads_due(self) -> list[Request]:
-        """The queue's next request, if its history read has not started; marks it started.
-        Reading when a task is next (not at routing) is AMPD's lazy read (sec. 6); it
-        overlaps the computation of the batch in progress."""
-        waiting = self.prefills.waiting
-        if not self.history_reads or not waiting:
-            return []
-        head = self.prefills.peek()
-        if self.history_reads.get(head.request_id) is False:
-            self.history_reads[head.request_id] = True
-            return [head]
-        return []
+        """Remote session rounds whose history read the driver should start now."""
+        return self.history.reads_due(self.prefills)
 
     def history_read_done(self, request: Request) -> None:
-        self.history_reads.pop(request.request_id, None)
+        self.history.read_done(request)
 
     def _reclaim(self, blocks_needed: int, keep_session: int = -1) -> None:
-        """Evict session history (LRU, idle first) until `blocks_needed` blocks are free."""
-        if blocks_needed > self.free_blocks and len(self.sessions):
-            self.free_blocks += self.sessions.evict(blocks_needed - self.free_blocks,
-                                                    keep_session)
+        self.free_blocks += self.history.reclaim(blocks_needed, self.free_blocks, keep_session)
 
     def continue_in_place(self, request: Request) -> None:
         """Decode a request here whose prefill this instance just finished."""
@@ -171,17 +149,14 @@ class LocalScheduler:
         while self.transfer_queue:
             request = self.transfer_queue[0]
             total = blocks_for(request.sequence_tokens - 1)
-            history_blocks = 0
-            if request.session_id in self.sessions:  # only the new tokens' KV comes in
-                history_blocks = min(self.sessions.blocks_of(request.session_id), total)
-            self._reclaim(total - history_blocks, request.session_id)
-            if total - history_blocks > self.free_blocks:
+            history = self.history.history_blocks(request, total)  # only new KV comes in
+            self._reclaim(total - history, request.session_id)
+            if total - history > self.free_blocks:
                 break
             self.transfer_queue.popleft()
-            if history_blocks:
-                tokens, history_blocks = self.sessions.take(request.session_id)
-                self.transfer_reused_tokens[request.request_id] = tokens
-            self.free_blocks -= total - history_blocks
+            if history:
+                history = self.history.take_for_transfer(request)
+            self.free_blocks -= total - history
             request.kv_blocks = total
             self.transferring[request.request_id] = request
             started.append(request)
@@ -210,8 +185,7 @@ class LocalScheduler:
         """Drop a request wherever it is (a cancelled client) and free its blocks. Not
         while it is in a planned batch: the driver aborts between steps."""
         rid = request.request_id
-        self.history_reads.pop(rid, None)
-        self.transfer_reused_tokens.pop(rid, None)
+        self.history.forget(request)
         if rid in self.held:
             self.release_handoff(request)
             return
@@ -301,8 +275,8 @@ class LocalScheduler:
         while (admit_waiting and budget_tokens > 0 and prefills.waiting
                and len(self.running) + len(prefills.active) < self.max_batch_size):
             head = prefills.peek()
-            if head.request_id in self.history_reads:
-                break  # its history KV is still being read
+            if self.history.waiting_for_read(head):
+                break
             tokens = self._allocate_chunk(head, budget_tokens)
             if tokens == 0:
                 break
@@ -418,14 +392,11 @@ class LocalScheduler:
         result.finished.append(request)
 
     def _release_finished(self, request: Request) -> None:
-        """A finished session round keeps its KV here for the next round (`retain_kv`)."""
-        if request.retain_kv and request.session_id >= 0:
-            self.free_blocks += self.sessions.store(request.session_id,
-                                                    request.sequence_tokens - 1,
-                                                    request.kv_blocks)
-            request.kv_blocks = 0
-        else:
+        freed = self.history.keep(request)  # a session round keeps its KV for the next
+        if freed is None:
             self._free_kv(request)
+        else:
+            self.free_blocks += freed
 
     def _drop_running(self, request: Request) -> None:
         del self.running[request.request_id]

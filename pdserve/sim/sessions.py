@@ -25,7 +25,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pdserve.instance.local_scheduler import LocalScheduler
-from pdserve.types import Request, Role
+from pdserve.perf.fitted import PerfModel
+from pdserve.types import Request, Role, attn_units
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRead:
+    """A remote prefill reading its session's history KV from the home instance (a
+    transfer on the links, like a hand-off)."""
+
+    request: Request
+    instance_id: int  # the prefill instance
+
+
+def prefill_estimate(perf: PerfModel) -> Callable[[Request], float]:
+    """An instance's estimated time for the rest of a queued request's prefill (what a
+    `QueueOrder` with `bind_instance`, AMPD's Alg. 2, reads)."""
+    def estimate(request: Request) -> float:
+        tokens = request.prefill_target_tokens - request.prefilled_tokens
+        return perf.prefill.time_s(tokens, attn_units(tokens, request.prefilled_tokens))
+    return estimate
 
 
 @dataclass

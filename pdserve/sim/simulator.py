@@ -49,18 +49,16 @@ from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.links import LinkSimulator
-from pdserve.sim.sessions import SessionKV, SessionRounds, SessionStats
-from pdserve.types import KV_BLOCK_TOKENS, Request, Role, attn_units, record_decode_tokens
+from pdserve.sim.sessions import (
+    HistoryRead,
+    SessionKV,
+    SessionRounds,
+    SessionStats,
+    prefill_estimate,
+)
+from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
 
 _BATCH_DONE, _TRANSFER_DONE, _TICK, _ARRIVAL = 0, 1, 2, 3
-
-
-@dataclass(frozen=True, slots=True)
-class _HistoryRead:
-    """A remote prefill reading its session's history KV from the home instance."""
-
-    request: Request
-    instance_id: int  # the prefill instance
 
 
 STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
@@ -128,14 +126,6 @@ class SimSettings:
             raise ValueError(f"monitor_interval_s must be positive, got {self.monitor_interval_s}")
 
 
-def _prefill_estimate(perf: PerfModel) -> Callable[[Request], float]:
-    """The instance's estimated time for the rest of a queued request's prefill."""
-    def estimate(request: Request) -> float:
-        tokens = request.prefill_target_tokens - request.prefilled_tokens
-        return perf.prefill.time_s(tokens, attn_units(tokens, request.prefilled_tokens))
-    return estimate
-
-
 class Simulator:
     """`perf` is one performance model for every instance or one per instance; `topology`
     places the instances and names their links (default: all on one node, each on its own
@@ -166,7 +156,7 @@ class Simulator:
         for instance in self.instances:
             bind = getattr(instance.local.prefills.order, "bind_instance", None)
             if bind is not None:  # an order that reads the time and prefill estimates
-                bind(self._clock, _prefill_estimate(instance.perf))
+                bind(self._clock, prefill_estimate(instance.perf))
         self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
         self._seq = 0
@@ -229,12 +219,12 @@ class Simulator:
             num_bytes = (request.cached_prefix_tokens
                          * self.perfs[request.home_instance].kv_bytes_per_token)
             self._rounds.stats.history_read_bytes += num_bytes
-            self.links.start(_HistoryRead(request, target), now, request.home_instance,
+            self.links.start(HistoryRead(request, target), now, request.home_instance,
                              target, num_bytes, self.settings.transfer_calls)
             self._transfer_start_s[request.request_id] = now
             self._schedule_links()
 
-    def _on_history_read(self, read: _HistoryRead) -> None:
+    def _on_history_read(self, read: HistoryRead) -> None:
         request = read.request
         request.transfer_s += self.view.now_s - self._transfer_start_s.pop(request.request_id)
         instance = self.instances[read.instance_id]
@@ -342,7 +332,7 @@ class Simulator:
     def _on_links(self) -> None:
         self._link_event_s = math.inf
         for done in self.links.advance(self.view.now_s):
-            if type(done) is _HistoryRead:
+            if type(done) is HistoryRead:
                 self._on_history_read(done)
             else:
                 self._on_transfer_done(done)  # type: ignore[arg-type]
