@@ -70,3 +70,39 @@ def test_second_round_prefills_only_new_tokens_on_the_bound_worker(tmp_path):
         bad = httpx.post(f"{base}/v1/completions", headers={"X-Session-Id": "x" * 300},
                          timeout=60, json={"model": "tiny", "prompt": "x", "max_tokens": 2})
         assert bad.status_code == 400 and "X-Session-Id" in bad.text
+
+
+def test_remote_round_reads_the_history_and_hands_back_only_new_kv(tmp_path):
+    # a TTFT SLO everybody meets: Alg. 1 line 2 sends every round to the prefill worker,
+    # which reads the session's history from the decode worker instead of recomputing it
+    tokenizer = TextTokenizer.shipped()
+    with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
+                        ttft_slo_s=100.0, tpot_slo_s=100.0) as (base, driver):
+        submitted = []
+        submit = driver.submit
+
+        def recording_submit(*args, **kwargs):
+            live = submit(*args, **kwargs)
+            submitted.append(live)
+            return live
+        driver.submit = recording_submit
+        headers = {"X-Session-Id": "agent-7"}
+        first = tokenizer.encode("Search the web for the capital of France")
+        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
+            "model": "tiny", "prompt": first, "max_tokens": 6, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        answer = list(submitted[0].token_ids)
+        prefill_before, decode_before = driver.engine_counters[0], driver.engine_counters[1]
+        second = first + answer + tokenizer.encode(" Tool result: Paris.")
+        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
+            "model": "tiny", "prompt": second, "max_tokens": 6, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        request = submitted[1].request
+        assert (request.prefill_instance, request.decode_instance) == (0, 1)  # remote
+        history = len(first) + len(answer) - 1
+        prefill_after, decode_after = driver.engine_counters[0], driver.engine_counters[1]
+        assert prefill_after[1] - prefill_before[1] == history  # read, not recomputed
+        assert prefill_after[0] - prefill_before[0] == len(second) - history
+        assert decode_after[1] - decode_before[1] == history  # merged onto the kept KV
+        assert decode_after[0] == decode_before[0]  # the decode worker computed no prefill
+        assert reply.json()["choices"][0]["text"] == fresh_greedy(second, 6)

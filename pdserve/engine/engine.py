@@ -29,7 +29,7 @@ from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch
 from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
-from pdserve.engine.session_kv import SessionKVStore
+from pdserve.engine.session_kv import HistoryRef, SessionKVStore
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff, copy_aligned
@@ -298,6 +298,15 @@ class Engine:
         self._grow(sequence, handoff.computed_tokens)
         sequence.computed_tokens = handoff.computed_tokens
         return sequence.blocks
+
+    def import_history(self, ref: HistoryRef, source: PagedKVPool) -> int:
+        """Copy a session's history from another worker's pool and keep it here, so the
+        session's request prefilled here next computes only its new tokens; returns the
+        copy operations."""
+        blocks = self.allocator.allocate(len(ref.blocks))
+        copies = copy_aligned(source, self.pool, list(ref.blocks), blocks)
+        self.sessions.adopt(ref, blocks)
+        return copies
 
     def import_from(self, handoff: KVHandoff, source: PagedKVPool,
                     session_id: int = -1) -> int:

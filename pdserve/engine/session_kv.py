@@ -19,6 +19,17 @@ from pdserve.engine.allocator import SegmentAllocator
 from pdserve.types import blocks_for
 
 
+@dataclass(frozen=True)
+class HistoryRef:
+    """Where a session's kept history is, for another worker to read it (AMPD sec. 6: a
+    remote prefill reads the history KV from the session's decode worker)."""
+
+    session_id: int
+    token_ids: tuple[int, ...]
+    blocks: tuple[int, ...]
+    pool_name: str
+
+
 @dataclass
 class StoredSession:
     token_ids: list[int]  # tokens whose KV is held
@@ -72,6 +83,17 @@ class SessionKVStore:
         """Hand the (trimmed) history over: (tokens, blocks); the blocks stay allocated."""
         stored = self._sessions.pop(session_id, None)
         return (len(stored.token_ids), stored.blocks) if stored else (0, [])
+
+    def export(self, session_id: int, pool_name: str | None) -> HistoryRef | None:
+        """The history's location (it stays here; the worker keeps it locked until read)."""
+        stored = self._sessions.get(session_id)
+        if stored is None or pool_name is None:
+            return None
+        return HistoryRef(session_id, tuple(stored.token_ids), tuple(stored.blocks), pool_name)
+
+    def adopt(self, ref: HistoryRef, blocks: list[int]) -> None:
+        """Keep a history copied in from another worker into `blocks`."""
+        self.keep(ref.session_id, list(ref.token_ids), blocks)
 
     def drop(self, session_id: int) -> None:
         stored = self._sessions.pop(session_id, None)

@@ -123,6 +123,16 @@ class LocalScheduler:
     def history_read_done(self, request: Request) -> None:
         self.history.read_done(request)
 
+    def adopt_history(self, session_id: int, tokens: int, blocks: int) -> bool:
+        """Hold a session's history copied in from another instance (live remote
+        prefills); False when there is no room for it."""
+        self._reclaim(blocks, session_id)
+        if blocks > self.free_blocks:
+            return False
+        self.free_blocks -= blocks
+        self.free_blocks += self.sessions.store(session_id, tokens, blocks)
+        return True
+
     def _reclaim(self, blocks_needed: int, keep_session: int = -1) -> None:
         self.free_blocks += self.history.reclaim(blocks_needed, self.free_blocks, keep_session)
 

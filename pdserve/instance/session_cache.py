@@ -27,6 +27,7 @@ class SessionKV:
     tokens: int  # KV positions held (the finished round's sequence less its last token)
     blocks: int
     pinned: bool = False
+    locked: bool = False  # another worker is reading it (live): never evicted meanwhile
 
 
 class SessionCache:
@@ -68,6 +69,15 @@ class SessionCache:
         self._entries.move_to_end(session_id)
         return entry.tokens
 
+    def lock(self, session_id: int, locked: bool = True) -> bool:
+        """Lock (or unlock) the history while another worker copies it; False if absent."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            return False
+        entry.locked = locked
+        entry.pinned = True
+        return True
+
     def take(self, session_id: int) -> tuple[int, int]:
         """Hand the history over to the session's next sequence: (tokens, blocks), or
         (0, 0) when there is none; the blocks stay in use, now counted by the request."""
@@ -108,7 +118,7 @@ class SessionCache:
         freed = 0
         for pinned in (False, True):
             for session_id in [s for s, e in self._entries.items()
-                               if e.pinned == pinned and s != keep_session]:
+                               if e.pinned == pinned and s != keep_session and not e.locked]:
                 if freed >= blocks_needed:
                     return freed
                 freed += self.drop(session_id)

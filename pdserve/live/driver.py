@@ -48,7 +48,6 @@ from pdserve.engine.transfer import KVHandoff
 from pdserve.live import status
 from pdserve.live.failover import Failover
 from pdserve.live.messages import (
-    AddRequest,
     AdoptKV,
     Cancel,
     Command,
@@ -56,6 +55,8 @@ from pdserve.live.messages import (
     Detach,
     Detached,
     Executing,
+    HistoryCopied,
+    HistoryExported,
     Prefilled,
     ReleaseKV,
     SetChunk,
@@ -67,7 +68,7 @@ from pdserve.live.messages import (
 from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.live.requests import LiveRequest, Overloaded
-from pdserve.live.sessions import LiveSessions
+from pdserve.live.sessions import HistoryReads, LiveSessions
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
@@ -92,6 +93,7 @@ class LiveDriver(Failover):
         self._executing: dict[int, frozenset[int]] = {}  # instance -> its running batch
         self.role_changes: deque[tuple[float, int, str, str]] = deque(maxlen=32)
         self.sessions = LiveSessions()  # X-Session-Id -> binding (AMPD sessions)
+        self.history = HistoryReads(self)  # remote prefills reading a session's history
         # instance -> its engine's (prefill tokens computed, tokens reused from history)
         self.engine_counters: dict[int, tuple[int, int]] = {}
         self.workers = WorkerProcesses(workers, num_instances)
@@ -159,6 +161,7 @@ class LiveDriver(Failover):
         for instance in self._holders(live) - {except_instance}:
             self._send(instance, Cancel(rid))
         self.live.pop(rid, None)
+        self.history.forget(rid)
         self._pending_handoffs.pop(rid, None)
         self._migration_targets.pop(rid, None)
         self._transfer_sources.pop(rid, None)
@@ -176,9 +179,8 @@ class LiveDriver(Failover):
                     continue
                 live.request.prefill_instance = action.instance_id
                 self._bump_prefill(action.instance_id, live)
-                self._send(action.instance_id, AddRequest(
-                    live.request.request_id, live.prompt_ids, live.params,
-                    tuple(live.token_ids), live.request.session_id))
+                if not self.history.read_first(live, action.instance_id):
+                    self._send(action.instance_id, self.history.add_request(live))
             elif isinstance(action, DispatchDecode):
                 self._dispatch_decode(action)
             elif isinstance(action, Reject):
@@ -266,6 +268,8 @@ class LiveDriver(Failover):
             self._handle(PrefillDone(live.request, message.instance_id))
         elif isinstance(message, Detached):
             self._on_detached(message)
+        elif isinstance(message, HistoryExported | HistoryCopied):
+            self.history.on_message(message)
         elif isinstance(message, Transferred):
             source = self._transfer_sources.pop(message.request_id, -1)
             if source >= 0:

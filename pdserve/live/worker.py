@@ -28,6 +28,7 @@ import torch
 from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
+from pdserve.engine.session_kv import HistoryRef
 from pdserve.engine.transfer import attach_pool
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.stats import InstanceStats
@@ -42,7 +43,10 @@ from pdserve.live.messages import (
     Detach,
     Detached,
     Executing,
+    ExportHistory,
     ForgetPool,
+    HistoryCopied,
+    HistoryExported,
     Prefilled,
     ReleaseKV,
     SetChunk,
@@ -50,6 +54,7 @@ from pdserve.live.messages import (
     StatsReport,
     StepDone,
     Transferred,
+    UnlockHistory,
     WorkerError,
     WorkerReady,
 )
@@ -143,6 +148,10 @@ class Worker:
     def handle(self, command: Command) -> None:
         local, engine = self.local, self.engine
         if isinstance(command, AddRequest):
+            if command.history is not None:  # a remote prefill: read the history first
+                copied = self.import_history(command.history)
+                self.connection.send(HistoryCopied(self.instance_id, command.request_id,
+                                                   copied))
             # resumed tokens are prefilled with the prompt; the local scheduler sees one
             # longer prompt and what is left of max_tokens, so the first prefill still hands
             # off, and the engine's sequence counts the resumed tokens as generated
@@ -161,6 +170,14 @@ class Worker:
                 request.cached_prefix_tokens = reused
             self.requests[request.request_id] = request
             local.enqueue_prefill(request)
+        elif isinstance(command, ExportHistory):
+            history = engine.sessions.export(command.session_id, engine.pool.shared_name)
+            if history is not None and not local.sessions.lock(command.session_id):
+                history = None  # the two caches disagree: do not let it be read
+            self.connection.send(HistoryExported(self.instance_id, command.request_id,
+                                                 history))
+        elif isinstance(command, UnlockHistory):
+            local.sessions.lock(command.session_id, False)
         elif isinstance(command, ContinueInPlace):
             local.continue_in_place(self.requests[command.request_id])
         elif isinstance(command, AdoptKV):
@@ -198,16 +215,34 @@ class Worker:
         elif isinstance(command, Shutdown):
             self.running = False
 
+    def _peer(self, pool_name: str) -> PagedKVPool:
+        if pool_name not in self.peers:
+            self.peers[pool_name] = attach_pool(pool_name, self.engine.pool)
+        return self.peers[pool_name]
+
+    def import_history(self, history: HistoryRef) -> int:
+        """Copy a session's history from its decode worker's pool; returns the tokens
+        copied (0 when there is no room or the copy failed: the prefill then computes
+        them)."""
+        tokens, blocks = len(history.token_ids), len(history.blocks)
+        if not self.local.adopt_history(history.session_id, tokens, blocks):
+            return 0
+        try:
+            self.engine.import_history(history, self._peer(history.pool_name))
+        except Exception:  # noqa: BLE001 - e.g. the sender's pool is gone
+            traceback.print_exc()
+            self.local.free_blocks += self.local.sessions.drop(history.session_id)
+            self.engine.sessions.drop(history.session_id)
+            return 0
+        return tokens
+
     def start_transfers(self) -> None:
         for request in self.local.admit_transfers():
             handoff = self.handoffs.pop(request.request_id).handoff
             try:
                 assert handoff.pool_name is not None
-                if handoff.pool_name not in self.peers:
-                    self.peers[handoff.pool_name] = attach_pool(handoff.pool_name,
-                                                                self.engine.pool)
                 merge = self.local.transfer_reused_tokens.pop(request.request_id, 0)
-                self.engine.import_from(handoff, self.peers[handoff.pool_name],
+                self.engine.import_from(handoff, self._peer(handoff.pool_name),
                                         request.session_id if merge else -1)
             except Exception as err:  # noqa: BLE001 - e.g. the sender's pool is gone
                 self.drop(request.request_id)
