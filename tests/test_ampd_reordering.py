@@ -73,6 +73,8 @@ def test_queue_reorders_at_dequeue_and_keeps_fcfs_without_gain() -> None:
     assert queue.peek().request_id == 1
     assert queue.admit_head().request_id == 1
     assert order.postponements == {0: 1}
+    assert order.decisions[-1].startswith("alg2: order [1, 0] of requests [0, 1] meets the TTFT "
+                                          "SLO for 2 of 2 (FCFS: 1)")
     assert [r.request_id for r in queue.waiting] == [0]
     fresh, _ = make_queue(3, now)
     for rid in range(3):

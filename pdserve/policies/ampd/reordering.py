@@ -25,6 +25,7 @@ The order needs the time and a prefill-time estimate; the driver gives them with
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -119,6 +120,8 @@ class TtftAwareOrder:
         self.window = window
         self.postponements: dict[int, int] = {}  # request id -> times postponed
         self.reordered = 0  # dequeues whose ordering was not FCFS
+        self.decisions: deque[str] = deque(maxlen=1000)  # each reordering and its reason
+        self._reason = ""
         self._clock: Callable[[], float] | None = None
         self._prefill_time_s: Callable[[Request], float] | None = None
 
@@ -139,8 +142,17 @@ class TtftAwareOrder:
         """Alg. 2 lines 1-6: the best ordering of the window, or None to keep FCFS."""
         if len(queue) < 2 or self._clock is None:
             return None
-        order = best_order(self.window_tasks(queue, self._clock()))
-        return list(order) if list(order) != sorted(order) else None
+        tasks = self.window_tasks(queue, self._clock())
+        order = best_order(tasks)
+        if list(order) == sorted(order):
+            return None
+        capped = [queue[i].request_id for i, t in enumerate(tasks) if t.capped]
+        self._reason = (f"alg2: order {list(order)} of requests "
+                        f"{[r.request_id for r in queue[:len(order)]]} meets the TTFT SLO "
+                        f"for {satisfied(tasks, order)} of {len(order)} (FCFS: "
+                        f"{satisfied(tasks, sorted(order))}); at the postponement cap: "
+                        f"{capped or 'none'}")
+        return list(order)
 
     def commit(self, queue: list[Request], order: list[int]) -> None:
         """Alg. 2 lines 7-8: count postponements, reorder the window (the caller dequeues
@@ -152,3 +164,4 @@ class TtftAwareOrder:
         queue[:len(order)] = [window[i] for i in order]
         self.postponements.pop(queue[0].request_id, None)  # dequeued next
         self.reordered += 1
+        self.decisions.append(self._reason)
