@@ -28,7 +28,6 @@ import torch
 from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
-from pdserve.engine.session_kv import HistoryRef
 from pdserve.engine.transfer import attach_pool
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.stats import InstanceStats
@@ -58,6 +57,7 @@ from pdserve.live.messages import (
     WorkerError,
     WorkerReady,
 )
+from pdserve.live.worker_sessions import WorkerSessions
 from pdserve.perf.step_log import StepLog
 from pdserve.types import Request
 
@@ -75,7 +75,7 @@ class Worker:
                              shared_name=f"pdserve-{os.getpid()}-{instance_id}")
         install_from_env(self.engine)
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size)
-        self.local.sessions.on_evict = self.engine.sessions.drop  # the two stay in step
+        self.sessions = WorkerSessions(self.engine, self.local, self._peer)
         self.step_log = StepLog.from_env(instance_id)  # in-situ profile rows, when asked
         self.requests: dict[int, Request] = {}
         self.handoffs: dict[int, AdoptKV] = {}
@@ -149,7 +149,7 @@ class Worker:
         local, engine = self.local, self.engine
         if isinstance(command, AddRequest):
             if command.history is not None:  # a remote prefill: read the history first
-                copied = self.import_history(command.history)
+                copied = self.sessions.import_history(command.history)
                 self.connection.send(HistoryCopied(self.instance_id, command.request_id,
                                                    copied))
             # resumed tokens are prefilled with the prompt; the local scheduler sees one
@@ -166,27 +166,21 @@ class Worker:
                 self.connection.send(WorkerError(self.instance_id, command.request_id, str(err)))
                 return
             if session >= 0:  # the scheduler counts the history the engine reused
-                local.free_blocks += local.sessions.trim(session, reused)
+                self.sessions.count_reuse(session, reused)
                 request.cached_prefix_tokens = reused
             self.requests[request.request_id] = request
             local.enqueue_prefill(request)
         elif isinstance(command, ExportHistory):
-            history = engine.sessions.export(command.session_id, engine.pool.shared_name)
-            if history is not None and not local.sessions.lock(command.session_id):
-                history = None  # the two caches disagree: do not let it be read
             self.connection.send(HistoryExported(self.instance_id, command.request_id,
-                                                 history))
+                                                 self.sessions.export(command.session_id)))
         elif isinstance(command, UnlockHistory):
-            local.sessions.lock(command.session_id, False)
+            self.sessions.unlock(command.session_id)
         elif isinstance(command, ContinueInPlace):
             local.continue_in_place(self.requests[command.request_id])
         elif isinstance(command, AdoptKV):
             handoff, session = command.handoff, command.session_id
             if session >= 0:  # only the history that agrees with the sequence is merged
-                reuse = engine.sessions.reusable(session, handoff.token_ids,
-                                                 handoff.computed_tokens)
-                engine.sessions.trim(session, reuse)
-                local.free_blocks += local.sessions.trim(session, reuse)
+                self.sessions.agree_with(session, handoff)
             request = Request(handoff.request_id, 0.0, handoff.prompt_tokens,
                               handoff.params.max_tokens,
                               generated_tokens=len(handoff.token_ids) - handoff.prompt_tokens,
@@ -219,22 +213,6 @@ class Worker:
         if pool_name not in self.peers:
             self.peers[pool_name] = attach_pool(pool_name, self.engine.pool)
         return self.peers[pool_name]
-
-    def import_history(self, history: HistoryRef) -> int:
-        """Copy a session's history from its decode worker's pool; returns the tokens
-        copied (0 when there is no room or the copy failed: the prefill then computes
-        them)."""
-        tokens, blocks = len(history.token_ids), len(history.blocks)
-        if not self.local.adopt_history(history.session_id, tokens, blocks):
-            return 0
-        try:
-            self.engine.import_history(history, self._peer(history.pool_name))
-        except Exception:  # noqa: BLE001 - e.g. the sender's pool is gone
-            traceback.print_exc()
-            self.local.free_blocks += self.local.sessions.drop(history.session_id)
-            self.engine.sessions.drop(history.session_id)
-            return 0
-        return tokens
 
     def start_transfers(self) -> None:
         for request in self.local.admit_transfers():
