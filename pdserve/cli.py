@@ -35,7 +35,9 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     w = p.add_argument_group("workload")
     w.add_argument("--trace", help=f"shipped trace ({', '.join(SHIPPED_TRACES)}), a trace file "
-                   "(pdserve/Azure/BurstGPT CSV, Mooncake JSONL), or 'synthetic' [azure-conv]")
+                   "(pdserve/Azure/BurstGPT CSV, Mooncake JSONL), 'synthetic', or multi-round "
+                   "sessions: sharegpt-sessions, agent:toolbench|gaia|hotpotqa|dureader "
+                   "(--synthetic-requests sessions at --synthetic-rate per second) [azure-conv]")
     w.add_argument("--rate-scale", type=float, help="multiply the request rate [1]")
     w.add_argument("--start", type=float, help="skip the first START seconds of the trace [0]")
     w.add_argument("--duration", type=float, help="keep DURATION seconds of the trace [all]")
@@ -136,6 +138,12 @@ def _run_simulate(args: argparse.Namespace) -> int:
     print(format_summary(summary, experiment.slo,
                          f"policy {config.policy}: simulated {result.end_s:.0f}s in "
                          f"{time.perf_counter() - started:.1f}s wall"))
+    if result.sessions.rounds:
+        stats = result.sessions
+        print(f"sessions: {stats.rounds} later rounds, {stats.local_prefills} prefilled on "
+              f"their decode instance, {stats.remote_prefills} elsewhere; history evicted "
+              f"(re-prefilled) {stats.history_evicted}, recomputed away from it "
+              f"{stats.history_recomputed}")
     goodput = None
     if config.goodput:
         print("goodput search:")
@@ -149,7 +157,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         (out / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
         write_summary_json(out / "summary.json", summary, asdict(config), goodput,
                            {"flips": result.flips, "role_changes": len(result.role_changes),
-                            "simulated_s": result.end_s})
+                            "simulated_s": result.end_s, "sessions": asdict(result.sessions)})
         write_requests_csv(out / "requests.csv", result.requests, experiment.slo)
         plots.plot_latency_cdfs(out / "latency_cdf.png", result.requests, experiment.slo,
                                 f"{config.policy} on {workload.name}")
@@ -375,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     _profile_parser(sub)
     _serve_parser(sub)
     _bench_parser(sub)
+    from pdserve.planning.cli import add_plan_parser
+
+    add_plan_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

@@ -85,6 +85,12 @@ class Request:
     session_id: int = -1
     round_index: int = 0
     hash_ids: tuple[int, ...] = ()
+    # --- sessions (AMPD): a round's prompt is its session's history plus new tokens ---
+    history_tokens: int = 0  # prompt prefix that is the session's earlier rounds
+    tool_delay_s: float = 0.0  # tool/environment wait after the previous round finished
+    retain_kv: bool = False  # keep the KV on the decode instance for the next round
+    cached_prefix_tokens: int = 0  # history KV this round reuses instead of computing it
+    home_instance: int = -1  # decode instance holding the session's history KV (binding)
     # --- progress, written by the local scheduler ---
     generated_tokens: int = 0
     prefill_target_tokens: int = 0  # tokens the current (re)prefill must compute

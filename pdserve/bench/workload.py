@@ -22,10 +22,16 @@ class Workload:
     session_id: np.ndarray | None = None
     round_index: np.ndarray | None = None
     hash_ids: tuple[tuple[int, ...], ...] | None = None
+    # multi-round sessions (`pdserve.bench.sessions`): a round's prompt is `history_tokens`
+    # of its session's earlier rounds plus new tokens; it is sent `tool_delay_s` after the
+    # previous round finished (the simulator chains rounds; arrival_s counts for first rounds)
+    history_tokens: np.ndarray | None = None
+    tool_delay_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
-        for column in ("input_tokens", "output_tokens", "session_id", "round_index", "hash_ids"):
+        for column in ("input_tokens", "output_tokens", "session_id", "round_index", "hash_ids",
+                       "history_tokens", "tool_delay_s"):
             values = getattr(self, column)
             if values is not None and len(values) != n:
                 raise ValueError(f"workload {self.name!r}: {column} has {len(values)} rows, "
@@ -57,7 +63,11 @@ class Workload:
                        output_tokens=self.output_tokens[mask],
                        session_id=None if self.session_id is None else self.session_id[mask],
                        round_index=None if self.round_index is None else self.round_index[mask],
-                       hash_ids=hashes)
+                       hash_ids=hashes,
+                       history_tokens=None if self.history_tokens is None
+                       else self.history_tokens[mask],
+                       tool_delay_s=None if self.tool_delay_s is None
+                       else self.tool_delay_s[mask])
 
     def scaled(self, rate_scale: float) -> Workload:
         if not rate_scale > 0:
@@ -92,10 +102,28 @@ class Workload:
         sessions = self.session_id
         rounds = self.round_index
         hashes = self.hash_ids
-        return [Request(i, float(a), int(n_in), int(n_out),
-                        session_id=-1 if sessions is None else int(sessions[i]),
-                        round_index=0 if rounds is None else int(rounds[i]),
-                        hash_ids=() if hashes is None else hashes[i])
-                for i, (a, n_in, n_out) in enumerate(zip(
-                    self.arrival_s.tolist(), self.input_tokens.tolist(),
-                    self.output_tokens.tolist(), strict=True))]
+        requests = [Request(i, float(a), int(n_in), int(n_out),
+                            session_id=-1 if sessions is None else int(sessions[i]),
+                            round_index=0 if rounds is None else int(rounds[i]),
+                            hash_ids=() if hashes is None else hashes[i])
+                    for i, (a, n_in, n_out) in enumerate(zip(
+                        self.arrival_s.tolist(), self.input_tokens.tolist(),
+                        self.output_tokens.tolist(), strict=True))]
+        if self.history_tokens is not None and sessions is not None:
+            self._mark_rounds(requests)
+        return requests
+
+    def _mark_rounds(self, requests: list[Request]) -> None:
+        """Session fields: history, tool delay, and whether the KV is kept for a later
+        round (every round but the last of its session)."""
+        assert self.history_tokens is not None
+        delays = self.tool_delay_s
+        last_round: dict[int, int] = {}
+        for request, history in zip(requests, self.history_tokens.tolist(), strict=True):
+            request.history_tokens = int(history)
+            if delays is not None:
+                request.tool_delay_s = float(delays[request.request_id])
+            last_round[request.session_id] = max(last_round.get(request.session_id, -1),
+                                                 request.round_index)
+        for request in requests:
+            request.retain_kv = request.round_index < last_round[request.session_id]

@@ -29,6 +29,7 @@ from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch
 from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
+from pdserve.engine.session_kv import HistoryRef, SessionKVStore
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff, copy_aligned
@@ -79,12 +80,17 @@ class Engine:
         self.prefix_ids: CachedBlockIds | None = None  # `enable_prefix_cache`
         self.computed_tokens_total = 0  # tokens run through the model, prefills and decodes
         self.prefix_hit_tokens_total = 0  # prompt tokens taken from the prefix cache
+        self.sessions = SessionKVStore(self.allocator)  # history KV kept between rounds
+        self.prefill_tokens_total = 0  # prompt tokens computed by prefill chunks
+        self.reused_tokens_total = 0  # tokens whose KV a session's history provided
 
     # ---- sequences ----
     def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams,
-            resume_ids: tuple[int, ...] = ()) -> None:
+            resume_ids: tuple[int, ...] = (), session_id: int = -1) -> int:
         """A new sequence; `resume_ids` are output tokens already generated (by a run that
-        failed): they follow the prompt as generated tokens and are prefilled with it."""
+        failed): they follow the prompt as generated tokens and are prefilled with it.
+        A session's sequence starts on the history KV kept here (`session_kv`) as far as
+        its tokens agree with it; returns the tokens reused (computed already)."""
         if request_id in self.sequences:
             raise ValueError(f"request {request_id} is already on this engine")
         if not prompt_ids:
@@ -105,9 +111,23 @@ class Engine:
             stream = TextStream(self.tokenizer, params.stop, params.min_tokens)
             for token in resume_ids:
                 stream.push(token)
-        self.sequences[request_id] = Sequence(
+        sequence = Sequence(
             request_id, list(prompt_ids) + list(resume_ids), len(prompt_ids), params,
             stream=stream, prompt_logprobs=[] if params.prompt_logprobs is None else [None])
+        self.sequences[request_id] = sequence
+        if session_id < 0 or session_id not in self.sessions:
+            return 0
+        tokens, sequence.blocks = self._reuse_history(session_id, sequence.token_ids,
+                                                      len(sequence.token_ids) - 1)
+        sequence.computed_tokens = tokens
+        return tokens
+
+    def _reuse_history(self, session_id: int, token_ids: list[int] | tuple[int, ...],
+                       limit: int) -> tuple[int, list[int]]:
+        self.sessions.trim(session_id, self.sessions.reusable(session_id, token_ids, limit))
+        tokens, blocks = self.sessions.take(session_id)
+        self.reused_tokens_total += tokens
+        return tokens, blocks
 
     def _check_vocab(self, what: str, token_ids: tuple[int, ...] | list[int]) -> None:
         vocab = self.model.config.vocab_size
@@ -118,10 +138,16 @@ class Engine:
                 raise ValueError(f"{what} token id {token!r} at position {position} is "
                                  f"outside the vocabulary (0..{vocab - 1})")
 
-    def release(self, request_id: int) -> Sequence:
-        """Forget a sequence and free its blocks (finished, cancelled or moved away)."""
+    def release(self, request_id: int, keep_session: int = -1) -> Sequence:
+        """Forget a sequence and free its blocks (finished, cancelled or moved away), or
+        keep its KV as the history of session `keep_session`."""
         sequence = self.sequences.pop(request_id)
-        self._drop_kv(sequence)
+        if keep_session >= 0 and sequence.computed_tokens:
+            self.sessions.keep(keep_session, sequence.token_ids[:sequence.computed_tokens],
+                               sequence.blocks)
+            sequence.blocks, sequence.computed_tokens = [], 0
+        else:
+            self._drop_kv(sequence)
         return sequence
 
     def _drop_kv(self, sequence: Sequence) -> None:
@@ -183,6 +209,7 @@ class Engine:
         if not work:
             return []
         self.computed_tokens_total += sum(count for _, count in work)
+        self.prefill_tokens_total += sum(tokens for _, tokens in chunks)
         token_ids, positions, slot_blocks, slot_offsets = [], [], [], []
         new_tokens, contexts, tables = [], [], []
         block_size = self.pool.block_size
@@ -311,7 +338,31 @@ class Engine:
         sequence.computed_tokens = handoff.computed_tokens
         return sequence.blocks
 
-    def import_from(self, handoff: KVHandoff, source: PagedKVPool) -> int:
-        """Adopt a sequence and copy its KV from a mapped source pool; returns copies."""
-        blocks = self.adopt(handoff)
-        return copy_aligned(source, self.pool, list(handoff.blocks), blocks)
+    def import_history(self, ref: HistoryRef, source: PagedKVPool) -> int:
+        """Copy a session's history from another worker's pool and keep it here, so the
+        session's request prefilled here next computes only its new tokens; returns the
+        copy operations."""
+        blocks = self.allocator.allocate(len(ref.blocks))
+        copies = copy_aligned(source, self.pool, list(ref.blocks), blocks)
+        self.sessions.adopt(ref, blocks)
+        return copies
+
+    def import_from(self, handoff: KVHandoff, source: PagedKVPool,
+                    session_id: int = -1) -> int:
+        """Adopt a sequence and copy its KV from a mapped source pool; returns copies.
+        With a session whose history is kept here, the history's blocks are taken over and
+        only the blocks from the first new token on are copied."""
+        if session_id < 0 or session_id not in self.sessions:
+            blocks = self.adopt(handoff)
+            return copy_aligned(source, self.pool, list(handoff.blocks), blocks)
+        prompt = handoff.token_ids[:handoff.prompt_tokens]
+        self.add(handoff.request_id, list(prompt), handoff.params,
+                 handoff.token_ids[handoff.prompt_tokens:])
+        sequence = self.sequences[handoff.request_id]
+        tokens, sequence.blocks = self._reuse_history(session_id, handoff.token_ids,
+                                                      handoff.computed_tokens)
+        self._grow(sequence, handoff.computed_tokens)
+        sequence.computed_tokens = handoff.computed_tokens
+        first = tokens // self.pool.block_size  # a partial block is copied whole
+        return copy_aligned(source, self.pool, list(handoff.blocks)[first:],
+                            sequence.blocks[first:])

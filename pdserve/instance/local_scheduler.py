@@ -29,6 +29,7 @@ from pdserve.instance.phase_priority import PhasePriority, prefill_only_plan
 from pdserve.instance.prefill_queue import PrefillQueue
 from pdserve.instance.prefix_cache import PrefixCache, donate_prefix, release_prefix, reuse_prefix
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
+from pdserve.instance.session_history import SessionHistory
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
 
@@ -75,6 +76,10 @@ class LocalScheduler:
         self.held: dict[int, tuple[Request, int]] = {}  # prefilled here, awaiting hand-off
         self._admit_counter = 0
         self._preempted_pending: list[Request] = []  # until a plan tells the engine
+        self.history = SessionHistory()  # sessions (AMPD): `instance/session_history.py`
+        self.sessions = self.history.cache
+        self.history_reads = self.history.reads
+        self.transfer_reused_tokens = self.history.transfer_reused_tokens
         # load counters, kept incrementally so reading them is O(1)
         self.decode_queue_tokens = 0
         self.running_tokens = 0
@@ -120,7 +125,29 @@ class LocalScheduler:
 
     # ---- work coming in ----
     def enqueue_prefill(self, request: Request) -> None:
+        """Queue a prefill; a session round takes its history over or waits to read it."""
+        self.history.on_enqueue(request)
         self.prefills.push(request)
+
+    def history_reads_due(self) -> list[Request]:
+        """Remote session rounds whose history read the driver should start now."""
+        return self.history.reads_due(self.prefills)
+
+    def history_read_done(self, request: Request) -> None:
+        self.history.read_done(request)
+
+    def adopt_history(self, session_id: int, tokens: int, blocks: int) -> bool:
+        """Hold a session's history copied in from another instance (live remote
+        prefills); False when there is no room for it."""
+        self._reclaim(blocks, session_id)
+        if blocks > self.free_blocks:
+            return False
+        self.free_blocks -= blocks
+        self.free_blocks += self.sessions.store(session_id, tokens, blocks)
+        return True
+
+    def _reclaim(self, blocks_needed: int, keep_session: int = -1) -> None:
+        self.free_blocks += self.history.reclaim(blocks_needed, self.free_blocks, keep_session)
 
     def continue_in_place(self, request: Request) -> None:
         """Decode a request here whose prefill this instance just finished."""
@@ -145,12 +172,16 @@ class LocalScheduler:
         started: list[Request] = []
         while self.transfer_queue:
             request = self.transfer_queue[0]
-            need = blocks_for(request.sequence_tokens - 1)
-            if need > self.free_blocks:
+            total = blocks_for(request.sequence_tokens - 1)
+            history = self.history.history_blocks(request, total)  # only new KV comes in
+            self._reclaim(total - history, request.session_id)
+            if total - history > self.free_blocks:
                 break
             self.transfer_queue.popleft()
-            self.free_blocks -= need
-            request.kv_blocks = need
+            if history:
+                history = self.history.take_for_transfer(request)
+            self.free_blocks -= total - history
+            request.kv_blocks = total
             self.transferring[request.request_id] = request
             started.append(request)
         if self.prefix_cache is not None:
@@ -180,6 +211,7 @@ class LocalScheduler:
         """Drop a request wherever it is (a cancelled client) and free its blocks. Not
         while it is in a planned batch: the driver aborts between steps."""
         rid = request.request_id
+        self.history.forget(request)
         if rid in self.held:
             self.release_handoff(request)
             return
@@ -245,6 +277,7 @@ class LocalScheduler:
         needs = [-(-(r.input_tokens + r.generated_tokens) // KV_BLOCK_TOKENS) - r.kv_blocks
                  for r in running]
         total = sum(needs)
+        self._reclaim(total)
         if total <= self.free_blocks:  # the common case: every decode can grow
             if total:
                 self.free_blocks -= total
@@ -277,8 +310,11 @@ class LocalScheduler:
             budget_tokens -= tokens
         while (admit_waiting and budget_tokens > 0 and prefills.waiting
                and len(self.running) + len(prefills.active) < self.max_batch_size):
-            reuse_prefix(self, prefills.waiting[0])
-            tokens = self._allocate_chunk(prefills.waiting[0], budget_tokens)
+            head = prefills.peek()
+            if self.history.waiting_for_read(head):
+                break
+            reuse_prefix(self, head)
+            tokens = self._allocate_chunk(head, budget_tokens)
             if tokens == 0:
                 break
             request = prefills.admit_head()
@@ -292,6 +328,7 @@ class LocalScheduler:
         remaining = request.prefill_target_tokens - request.prefilled_tokens
         tokens = min(remaining, budget_tokens)
         need = blocks_for(request.prefilled_tokens + tokens) - request.kv_blocks
+        self._reclaim(need)
         if need > self.free_blocks:
             return 0
         self.free_blocks -= need
@@ -378,7 +415,7 @@ class LocalScheduler:
         if not first:
             result.recomputed.append(request)
         if request.generated_tokens >= request.output_tokens or request.request_id in stopped:
-            self._free_kv(request)
+            self._release_finished(request)
             result.finished.append(request)
         elif first:
             self.held[request.request_id] = (request, request.kv_blocks)
@@ -390,8 +427,15 @@ class LocalScheduler:
 
     def _finish(self, request: Request, result: BatchResult) -> None:
         self._drop_running(request)
-        self._free_kv(request)
+        self._release_finished(request)
         result.finished.append(request)
+
+    def _release_finished(self, request: Request) -> None:
+        freed = self.history.keep(request)  # a session round keeps its KV for the next
+        if freed is None:
+            self._free_kv(request)
+        else:
+            self.free_blocks += freed
 
     def _drop_running(self, request: Request) -> None:
         del self.running[request.request_id]

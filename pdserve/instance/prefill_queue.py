@@ -24,6 +24,7 @@ class PrefillQueue:
         self.active: dict[int, Request] = {}  # admitted, holding KV blocks
         self.tokens = 0
         self.attn_units = 0
+        self._choice: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.active)
@@ -34,17 +35,34 @@ class PrefillQueue:
         self.order.insert(self.waiting, request)
 
     def push_front(self, request: Request) -> None:
-        """Queue a preempted request ahead of every waiting one."""
+        """Queue a preempted request ahead of every waiting one; it lost its KV, history
+        included, so it recomputes everything."""
+        request.cached_prefix_tokens = 0
         self._reset(request)
         self.waiting.insert(0, request)
 
     def _reset(self, request: Request) -> None:
-        request.prefill_target_tokens = request.input_tokens + request.generated_tokens
-        request.prefilled_tokens = 0
-        self.tokens += request.prefill_target_tokens
-        self.attn_units += attn_units(request.prefill_target_tokens, 0)
+        """A session round starts after the history KV it reuses (`cached_prefix_tokens`):
+        only the new tokens are computed, attending to the history."""
+        target = request.input_tokens + request.generated_tokens
+        reused = min(request.cached_prefix_tokens, target - 1)
+        request.prefill_target_tokens = target
+        request.prefilled_tokens = reused
+        self.tokens += target - reused
+        self.attn_units += attn_units(target - reused, reused)
+
+    def peek(self) -> Request:
+        """The waiting request to admit next, as the order chooses (`choose`, optional:
+        AMPD's reordering looks at a window at the head)."""
+        choose = getattr(self.order, "choose", None)
+        self._choice = choose(self.waiting) if choose is not None else None
+        return self.waiting[self._choice[0]] if self._choice else self.waiting[0]
 
     def admit_head(self) -> Request:
+        """Admit the request `peek` returned (the head if `peek` was not asked)."""
+        choice, self._choice = self._choice, None
+        if choice is not None:
+            self.order.commit(self.waiting, choice)  # type: ignore[attr-defined]
         request = self.waiting.pop(0)
         self.active[request.request_id] = request
         return request

@@ -50,7 +50,6 @@ from pdserve.instance.prefix_cache import chain_hashes
 from pdserve.live import status
 from pdserve.live.failover import Failover
 from pdserve.live.messages import (
-    AddRequest,
     AdoptKV,
     Cancel,
     Command,
@@ -58,6 +57,8 @@ from pdserve.live.messages import (
     Detach,
     Detached,
     Executing,
+    HistoryCopied,
+    HistoryExported,
     Prefilled,
     ReleaseKV,
     SetChunk,
@@ -70,6 +71,7 @@ from pdserve.live.messages import (
 from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.live.requests import LiveRequest, Overloaded
+from pdserve.live.sessions import HistoryReads, LiveSessions
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
@@ -93,6 +95,10 @@ class LiveDriver(Failover):
         self._transfer_sources: dict[int, int] = {}  # KV copy in flight: request -> source
         self._executing: dict[int, frozenset[int]] = {}  # instance -> its running batch
         self.role_changes: deque[tuple[float, int, str, str]] = deque(maxlen=32)
+        self.sessions = LiveSessions()  # X-Session-Id -> binding (AMPD sessions)
+        self.history = HistoryReads(self)  # remote prefills reading a session's history
+        # instance -> its engine's (prefill tokens computed, tokens reused from history)
+        self.engine_counters: dict[int, tuple[int, int]] = {}
         self.workers = WorkerProcesses(workers, num_instances)
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
@@ -113,7 +119,9 @@ class LiveDriver(Failover):
             self._fail(live, "the server is shutting down", 503, "shutdown")
 
     # ---- requests ----
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> LiveRequest:
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               session: str = "") -> LiveRequest:
+        """Admit a request; `session` names its conversation (`live/sessions.py`)."""
         if len(self.live) >= self.max_outstanding:
             self.metrics.count("rejections")
             raise Overloaded(f"{len(self.live)} requests in flight (limit "
@@ -124,6 +132,8 @@ class LiveDriver(Failover):
         block_tokens = self.workers.settings.prefix_block_tokens
         request = Request(self._next_id, time.monotonic(), len(prompt_ids), params.max_tokens,
                           hash_ids=chain_hashes(prompt_ids, block_tokens) if block_tokens else ())
+        if session:
+            self.sessions.attach(request, session)
         live = LiveRequest(request, tuple(prompt_ids), params,
                            TextStream(self.tokenizer, params.stop, params.min_tokens),
                            client_id=self._next_id)
@@ -156,6 +166,7 @@ class LiveDriver(Failover):
         for instance in self._holders(live) - {except_instance}:
             self._send(instance, Cancel(rid))
         self.live.pop(rid, None)
+        self.history.forget(rid)
         self._pending_handoffs.pop(rid, None)
         self._migration_targets.pop(rid, None)
         self._transfer_sources.pop(rid, None)
@@ -173,9 +184,8 @@ class LiveDriver(Failover):
                     continue
                 live.request.prefill_instance = action.instance_id
                 self._bump_prefill(action.instance_id, live)
-                self._send(action.instance_id, AddRequest(
-                    live.request.request_id, live.prompt_ids, live.params,
-                    tuple(live.token_ids)))
+                if not self.history.read_first(live, action.instance_id):
+                    self._send(action.instance_id, self.history.add_request(live))
             elif isinstance(action, DispatchDecode):
                 self._dispatch_decode(action)
             elif isinstance(action, Reject):
@@ -233,7 +243,8 @@ class LiveDriver(Failover):
             stats, decode_queue_len=stats.decode_queue_len + 1,
             decode_queue_tokens=stats.decode_queue_tokens + len(handoff.token_ids))
         self._transfer_sources[handoff.request_id] = source
-        self._send(target, AdoptKV(handoff))
+        live = self.live.get(handoff.request_id)
+        self._send(target, AdoptKV(handoff, live.request.session_id if live else -1))
 
     def migrate(self, request_id: int, target: int) -> None:
         """Move a running decode to `target` (an operator's or a test's request; policies
@@ -249,6 +260,8 @@ class LiveDriver(Failover):
     def _on_message(self, message: object) -> None:
         if isinstance(message, StepDone):
             self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
+            self.engine_counters[message.instance_id] = (message.prefill_tokens_total,
+                                                         message.reused_tokens_total)
             for request_id, token, reason, logprob in message.tokens:
                 self._on_token(message.instance_id, request_id, token, reason, logprob)
         elif isinstance(message, Executing):
@@ -264,6 +277,8 @@ class LiveDriver(Failover):
             self._handle(PrefillDone(live.request, message.instance_id))
         elif isinstance(message, Detached):
             self._on_detached(message)
+        elif isinstance(message, HistoryExported | HistoryCopied):
+            self.history.on_message(message)
         elif isinstance(message, Transferred):
             source = self._transfer_sources.pop(message.request_id, -1)
             if source >= 0:
@@ -333,6 +348,8 @@ class LiveDriver(Failover):
         if not worker_reason:
             self._send(instance, Cancel(request.request_id))
         live.events.put_nowait(("done", reason))
+        if request.session_id >= 0:
+            self.sessions.finished(request, instance)
         self._handle(Finished(request, instance))
 
     def _fail(self, live: LiveRequest, message: str, http_status: int, reason: str,

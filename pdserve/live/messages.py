@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.engine.sampling import SamplingParams, TokenLogprob
+from pdserve.engine.session_kv import HistoryRef
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.stats import InstanceStats
 
@@ -22,6 +23,22 @@ class AddRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     resume_ids: tuple[int, ...] = ()
+    session_id: int = -1  # reuse/keep the session's history KV here (AMPD sessions)
+    history: HistoryRef | None = None  # copy the session's history from its decode worker
+
+
+@dataclass(frozen=True)
+class ExportHistory:
+    """Lock the session's kept history and say where it is (a remote prefill will read
+    it); `UnlockHistory` releases the lock."""
+
+    request_id: int
+    session_id: int
+
+
+@dataclass(frozen=True)
+class UnlockHistory:
+    session_id: int
 
 
 @dataclass(frozen=True)
@@ -31,9 +48,11 @@ class ContinueInPlace:
 
 @dataclass(frozen=True)
 class AdoptKV:
-    """Take over a prefilled sequence; copy its KV from the sender's pool when admitted."""
+    """Take over a prefilled sequence; copy its KV from the sender's pool when admitted
+    (only past the session's history when this worker keeps it)."""
 
     handoff: KVHandoff
+    session_id: int = -1
 
 
 @dataclass(frozen=True)
@@ -78,7 +97,7 @@ class Shutdown:
 
 
 Command = (AddRequest | ContinueInPlace | AdoptKV | Detach | ReleaseKV | Cancel | SetChunk
-           | SetPriority | ForgetPool | Shutdown)
+           | SetPriority | ForgetPool | Shutdown | ExportHistory | UnlockHistory)
 
 # ---- worker -> driver ----
 
@@ -98,6 +117,28 @@ class StepDone:
     instance_id: int
     tokens: tuple[tuple[int, int, str, TokenLogprob | None], ...]
     stats: InstanceStats
+    # the engine's cumulative counters: prompt tokens computed by prefill chunks, and
+    # tokens a session's kept history provided instead
+    prefill_tokens_total: int = 0
+    reused_tokens_total: int = 0
+
+
+@dataclass(frozen=True)
+class HistoryExported:
+    """The answer to `ExportHistory` (None: no history kept here)."""
+
+    instance_id: int
+    request_id: int
+    history: HistoryRef | None
+
+
+@dataclass(frozen=True)
+class HistoryCopied:
+    """A worker copied a request's history in (or gave up): its source may unlock it."""
+
+    instance_id: int
+    request_id: int
+    copied_tokens: int
 
 
 @dataclass(frozen=True)
@@ -152,4 +193,5 @@ class WorkerError:
 
 
 Event = (WorkerReady | StepDone | Prefilled | Detached | Transferred | Executing
+         | HistoryExported | HistoryCopied
          | StatsReport | WorkerError)

@@ -44,7 +44,10 @@ from pdserve.live.messages import (
     Detach,
     Detached,
     Executing,
+    ExportHistory,
     ForgetPool,
+    HistoryCopied,
+    HistoryExported,
     Prefilled,
     ReleaseKV,
     SetChunk,
@@ -53,9 +56,11 @@ from pdserve.live.messages import (
     StatsReport,
     StepDone,
     Transferred,
+    UnlockHistory,
     WorkerError,
     WorkerReady,
 )
+from pdserve.live.worker_sessions import WorkerSessions
 from pdserve.perf.step_log import StepLog
 from pdserve.types import Request
 
@@ -79,6 +84,7 @@ class Worker:
         if prefix_block_tokens:
             self.local.prefix_cache = PrefixCache(prefix_block_tokens, track_events=True)
             self.engine.enable_prefix_cache(prefix_block_tokens)
+        self.sessions = WorkerSessions(self.engine, self.local, self._peer)
         self.step_log = StepLog.from_env(instance_id)  # in-situ profile rows, when asked
         self.requests: dict[int, Request] = {}
         self.handoffs: dict[int, AdoptKV] = {}
@@ -151,29 +157,45 @@ class Worker:
     def handle(self, command: Command) -> None:
         local, engine = self.local, self.engine
         if isinstance(command, AddRequest):
+            if command.history is not None:  # a remote prefill: read the history first
+                copied = self.sessions.import_history(command.history)
+                self.connection.send(HistoryCopied(self.instance_id, command.request_id,
+                                                   copied))
             # resumed tokens are prefilled with the prompt; the local scheduler sees one
             # longer prompt and what is left of max_tokens, so the first prefill still hands
             # off, and the engine's sequence counts the resumed tokens as generated
-            resumed = len(command.resume_ids)
+            resumed, session = len(command.resume_ids), command.session_id
             request = Request(command.request_id, 0.0, len(command.prompt_ids) + resumed,
                               command.params.max_tokens - resumed, hash_ids=chain_hashes(
                                   command.prompt_ids, self.prefix_block_tokens)
-                              if self.prefix_block_tokens else ())
+                              if self.prefix_block_tokens else (), session_id=session,
+                              retain_kv=session >= 0)
             try:
-                engine.add(command.request_id, list(command.prompt_ids), command.params,
-                           command.resume_ids)
+                reused = engine.add(command.request_id, list(command.prompt_ids),
+                                    command.params, command.resume_ids, session)
             except ValueError as err:
                 self.connection.send(WorkerError(self.instance_id, command.request_id, str(err)))
                 return
+            if session >= 0:  # the scheduler counts the history the engine reused
+                self.sessions.count_reuse(session, reused)
+                request.cached_prefix_tokens = reused
             self.requests[request.request_id] = request
             local.enqueue_prefill(request)
+        elif isinstance(command, ExportHistory):
+            self.connection.send(HistoryExported(self.instance_id, command.request_id,
+                                                 self.sessions.export(command.session_id)))
+        elif isinstance(command, UnlockHistory):
+            self.sessions.unlock(command.session_id)
         elif isinstance(command, ContinueInPlace):
             local.continue_in_place(self.requests[command.request_id])
         elif isinstance(command, AdoptKV):
-            handoff = command.handoff
+            handoff, session = command.handoff, command.session_id
+            if session >= 0:  # only the history that agrees with the sequence is merged
+                self.sessions.agree_with(session, handoff)
             request = Request(handoff.request_id, 0.0, handoff.prompt_tokens,
                               handoff.params.max_tokens,
-                              generated_tokens=len(handoff.token_ids) - handoff.prompt_tokens)
+                              generated_tokens=len(handoff.token_ids) - handoff.prompt_tokens,
+                              session_id=session, retain_kv=session >= 0)
             self.requests[request.request_id] = request
             self.handoffs[request.request_id] = command
             local.enqueue_transfer_in(request)
@@ -205,6 +227,11 @@ class Worker:
         if cache is not None:
             self.engine.follow_prefix_cache(*cache.take_events())
 
+    def _peer(self, pool_name: str) -> PagedKVPool:
+        if pool_name not in self.peers:
+            self.peers[pool_name] = attach_pool(pool_name, self.engine.pool)
+        return self.peers[pool_name]
+
     def start_transfers(self) -> None:
         admitted = self.local.admit_transfers()
         self.follow_prefix_cache()  # admitting may evict: free those blocks first
@@ -212,10 +239,9 @@ class Worker:
             handoff = self.handoffs.pop(request.request_id).handoff
             try:
                 assert handoff.pool_name is not None
-                if handoff.pool_name not in self.peers:
-                    self.peers[handoff.pool_name] = attach_pool(handoff.pool_name,
-                                                                self.engine.pool)
-                self.engine.import_from(handoff, self.peers[handoff.pool_name])
+                merge = self.local.transfer_reused_tokens.pop(request.request_id, 0)
+                self.engine.import_from(handoff, self._peer(handoff.pool_name),
+                                        request.session_id if merge else -1)
             except Exception as err:  # noqa: BLE001 - e.g. the sender's pool is gone
                 self.drop(request.request_id)
                 self.connection.send(WorkerError(
@@ -258,7 +284,9 @@ class Worker:
         tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob)
                        for o in outputs)
         self._reported, self._reported_at = self.stats(), time.monotonic()  # as sent
-        self.connection.send(StepDone(self.instance_id, tokens, self._reported))
+        self.connection.send(StepDone(self.instance_id, tokens, self._reported,
+                                      self.engine.prefill_tokens_total,
+                                      self.engine.reused_tokens_total))
         for request_id, (kind, message) in failures.items():
             self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
         for request in result.prefilled:
@@ -268,7 +296,8 @@ class Worker:
         for request in result.finished:
             if request.request_id not in failures:
                 self.requests.pop(request.request_id, None)
-                self.engine.release(request.request_id)
+                self.engine.release(request.request_id,
+                                    request.session_id if request.retain_kv else -1)
         return True
 
 

@@ -8,6 +8,10 @@
 | round-robin | xPyD fixed    | round-robin    | round-robin        | Arrow Fig. 8      |
 | arrow       | xPyD, elastic | arrow (Alg. 1) | arrow (Alg. 2)     | Arrow "SLO aware" |
 | flowkv      | xPyD+reserve  | min TTFT, hits | min transfer time  | FlowKV Alg. 1     |
+| ampd        | xPyD fixed    | AMPD Alg. 1    | bound (AMPD sec. 3)| AMPD (+ Alg. 2)   |
+| dynamo      | xPyD fixed    | always remote  | bound (AMPD sec. 3)| AMPD's Dynamo     |
+| continuum   | all mixed     | session affinity | in-place         | vLLM-Continuum-like |
+(`ampd-no-reorder` is ampd without Alg. 2; see policies/ampd/presets.py.)
 
 Any preset's routers can be swapped by name (`prefill_router`, `decode_router`).
 """
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.perf.fitted import PerfModel
+from pdserve.policies.ampd.presets import AMPD_VARIANTS, build_ampd_policy
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.decode_router import ArrowDecodeRouter
 from pdserve.policies.arrow.prefill_router import ArrowPrefillRouter
@@ -30,6 +35,7 @@ from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.in_place import InPlaceDecodeRouter
 from pdserve.policies.min_load import MinLoadPrefillRouter, MinRunningTokensDecodeRouter
 from pdserve.policies.round_robin import RoundRobinDecodeRouter, RoundRobinPrefillRouter
+from pdserve.policies.session_affinity import SessionAffinityPrefillRouter, SessionFirstOrder
 from pdserve.policies.static_roles import ColocatedRoles, StaticRoles
 from pdserve.types import SLO, Role
 
@@ -85,12 +91,15 @@ PRESETS: dict[str, Preset] = {
     "round-robin": Preset(False, True, "round-robin", "round-robin"),
     "arrow": Preset(True, True, "arrow", "arrow"),
     "flowkv": Preset(False, True, "flowkv", "flowkv"),  # built by policies/flowkv/preset.py
+    **{name: Preset(False, True, "ampd", "ampd") for name in AMPD_VARIANTS},
+    "continuum": Preset(False, False, "session-affinity", "in-place"),
 }
 
 PREFILL_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], PrefillRouter]] = {
     "round-robin": lambda setup, arrow: RoundRobinPrefillRouter(),
     "min-load": lambda setup, arrow: MinLoadPrefillRouter(setup.perf.prefill),
     "arrow": lambda setup, arrow: ArrowPrefillRouter(arrow or arrow_context(setup)),
+    "session-affinity": lambda setup, arrow: SessionAffinityPrefillRouter(setup.perf.prefill),
 }
 DECODE_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], DecodeRouter]] = {
     "round-robin": lambda setup, arrow: RoundRobinDecodeRouter(),
@@ -112,6 +121,9 @@ def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}")
     if name == "flowkv":
         return build_flowkv(setup)
+    if name in AMPD_VARIANTS:
+        return build_ampd_policy(name, setup.slo, setup.prefill, setup.decode,
+                                 [setup.perf])[0], setup.prefill + setup.decode
     preset = PRESETS[name]
     prefill_name = setup.prefill_router or preset.prefill_router
     decode_name = setup.decode_router or preset.decode_router
@@ -131,4 +143,6 @@ def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
         prefill_router=_pick(PREFILL_ROUTERS, prefill_name, "prefill router")(setup, arrow),
         decode_router=_pick(DECODE_ROUTERS, decode_name, "decode router")(setup, arrow),
         role_manager=roles)
+    if name == "continuum":
+        policy.queue_order = SessionFirstOrder
     return policy, count

@@ -33,6 +33,7 @@ from pdserve.server.prepare import Prepared, prepare_chat, prepare_completion
 from pdserve.server.responses import Choice
 from pdserve.server.responses import Response as Reply
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest, prompt_schema
+from pdserve.server.session_header import session_key
 from pdserve.server.validation import Limits
 
 log = logging.getLogger("pdserve.server")
@@ -108,12 +109,12 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
                                  != f"Bearer {settings.api_key}"):
             raise APIError(401, "invalid or missing API key", kind="authentication_error")
 
-    def admit(prepared: Prepared, chat: bool) -> list[Choice]:
+    def admit(prepared: Prepared, chat: bool, session: str = "") -> list[Choice]:
         choices: list[Choice] = []
         try:
             for index, params in enumerate(prepared.params):
                 prompt = prepared.prompt_of(index)
-                live: LiveRequest = driver.submit(prepared.prompts[prompt], params)
+                live: LiveRequest = driver.submit(prepared.prompts[prompt], params, session)
                 echo = prepared.echo_texts[prompt] if prepared.echo_texts else ""
                 formatter = (LogprobFormatter(driver.tokenizer, chat, len(echo))
                              if prepared.logprobs else None)
@@ -126,7 +127,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
         return choices
 
     async def respond(request: Request, prepared: Prepared, chat: bool) -> Response:
-        choices = admit(prepared, chat)
+        choices = admit(prepared, chat, session_key(request, len(prepared.params)))
         rid = choices[0].live.request.request_id
         reply = Reply(driver, prepared, choices, f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
                       int(time.time()), name, chat)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from pdserve.bench.goodput import GoodputPoint, GoodputResult, search_goodput
 from pdserve.bench.metrics import Summary, summarize
+from pdserve.bench.sessions import is_session_workload, session_workload
 from pdserve.bench.synthetic import synthetic_workload
 from pdserve.bench.traces import load_trace
 from pdserve.bench.workload import Workload
@@ -32,6 +33,9 @@ def load_workload(config: SimConfig) -> Workload:
         workload = synthetic_workload(config.synthetic_requests, config.synthetic_rate_rps,
                                       config.synthetic_lengths, config.synthetic_arrival,
                                       config.synthetic_cv, config.seed)
+    elif is_session_workload(config.trace):  # sessions: synthetic_requests sessions started
+        workload = session_workload(config.trace, config.synthetic_requests,  # per second at
+                                    config.synthetic_rate_rps, config.seed)  # synthetic_rate
     else:
         workload = load_trace(config.trace)
     if config.start_s or config.duration_s is not None:

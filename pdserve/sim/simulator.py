@@ -52,9 +52,16 @@ from pdserve.policies.base import Policy
 from pdserve.sim.blocks import TRANSFER_MODES, BlockTable
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.links import LinkSimulator
+from pdserve.sim.sessions import (
+    HistoryRead,
+    SessionKV,
+    SessionRounds,
+    SessionStats,
+    prefill_estimate,
+)
 from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
 
-_BATCH_DONE, _TRANSFER_DONE, _TICK = 0, 1, 2
+_BATCH_DONE, _TRANSFER_DONE, _TICK, _ARRIVAL = 0, 1, 2, 3
 
 
 STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
@@ -93,6 +100,7 @@ class SimResult:
     initial_roles: list[Role] = field(default_factory=list)
     transfer_calls: dict[int, int] = field(default_factory=dict)  # request id -> calls (sum)
     prefix_hit_tokens: int = 0  # prompt tokens the instances' prefix caches saved computing
+    sessions: SessionStats = field(default_factory=SessionStats)
 
     @property
     def flips(self) -> int:
@@ -168,6 +176,10 @@ class Simulator:
             if aligned:
                 instance.blocks = BlockTable(local.total_blocks, local.prefix_cache)
         self.view.instances = self.instances
+        for instance in self.instances:
+            bind = getattr(instance.local.prefills.order, "bind_instance", None)
+            if bind is not None:  # an order that reads the time and prefill estimates
+                bind(self._clock, prefill_estimate(instance.perf))
         self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
         self._seq = 0
@@ -183,6 +195,12 @@ class Simulator:
         self._link_event_s = math.inf  # when the pending link event is due
         self._link_version = 0  # bumps when the pending link event is superseded
         self._calls: dict[int, int] = {}  # transfer calls per request
+        self._rounds = SessionRounds(())
+        self._session_kv = SessionKV([i.local for i in self.instances], self._rounds.stats,
+                                     lambda i: self._touch(self.instances[i]))
+
+    def _clock(self) -> float:
+        return self.view.now_s
 
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:
@@ -203,7 +221,39 @@ class Simulator:
                 end = instance.start_batch(self.view.now_s)
                 if end is not None:
                     self._push(end, _BATCH_DONE, instance, instance.version)
+                if instance.local.history_reads:
+                    self._start_history_reads(instance)
         self._kicked.clear()
+
+    # ---- sessions ----
+    def _arrive(self, request: Request) -> None:
+        self._outstanding += 1
+        if request.history_tokens:
+            self._session_kv.on_arrival(request)
+        self._apply(self.scheduler.handle(Arrival(request), self.view))
+
+    def _next_round(self, request: Request) -> None:
+        after = self._rounds.follow_up(request, self.view.now_s)
+        if after is not None:
+            self._push(after.arrival_s, _ARRIVAL, after)
+
+    def _start_history_reads(self, instance: SimInstance) -> None:
+        now, target = self.view.now_s, instance.local.instance_id
+        for request in instance.local.history_reads_due():
+            num_bytes = (request.cached_prefix_tokens
+                         * self.perfs[request.home_instance].kv_bytes_per_token)
+            self._rounds.stats.history_read_bytes += num_bytes
+            self.links.start(HistoryRead(request, target), now, request.home_instance,
+                             target, num_bytes, self.settings.transfer_calls)
+            self._transfer_start_s[request.request_id] = now
+            self._schedule_links()
+
+    def _on_history_read(self, read: HistoryRead) -> None:
+        request = read.request
+        request.transfer_s += self.view.now_s - self._transfer_start_s.pop(request.request_id)
+        instance = self.instances[read.instance_id]
+        self._touch(instance)
+        instance.local.history_read_done(request)
 
     # ---- actions ----
     def _apply(self, actions: list[Action]) -> None:
@@ -212,14 +262,25 @@ class Simulator:
             if type(action) is DispatchPrefill:
                 instance = self.instances[action.instance_id]
                 action.request.prefill_instance = action.instance_id
+                if action.request.home_instance >= 0:
+                    self._session_kv.on_dispatch_prefill(
+                        action.request, action.instance_id,
+                        self.scheduler.roles[action.instance_id])
                 self._touch(instance)
                 instance.local.enqueue_prefill(action.request)
+                if instance.local.history_reads and instance.plan is not None:
+                    self._start_history_reads(instance)  # idle ones start when kicked
             elif type(action) is DispatchDecode:
                 self._dispatch_decode(action)
             elif type(action) is Reject:
                 action.request.rejected_reason = action.reason
                 self._outstanding -= 1
                 self._completed += 1
+                if action.request.home_instance >= 0:  # its history is no longer needed
+                    self._session_kv.on_dispatch_decode(action.request, -1)
+                for later in self._rounds.rest_of_session(action.request):
+                    later.rejected_reason = f"an earlier round was rejected: {action.reason}"
+                    self._completed += 1
             elif type(action) is SetRole:
                 self._role_changes.append(RoleChange(now, action.instance_id, action.role,
                                                     action.reason))
@@ -243,6 +304,8 @@ class Simulator:
 
     def _dispatch_decode(self, action: DispatchDecode) -> None:
         request, source = action.request, self.instances[action.source_id]
+        if request.home_instance >= 0:
+            self._session_kv.on_dispatch_decode(request, action.target_id)
         if action.target_id == action.source_id:
             request.decode_instance = action.target_id
             request.decode_in_place()
@@ -275,7 +338,9 @@ class Simulator:
         started = False
         for request in target.local.admit_transfers():
             source = self._transfer_source[request.request_id]
-            num_bytes = (request.sequence_tokens - 1) * self.perfs[source].kv_bytes_per_token
+            tokens = request.sequence_tokens - 1  # less the session history already there:
+            tokens -= target.local.transfer_reused_tokens.pop(request.request_id, 0)
+            num_bytes = tokens * self.perfs[source].kv_bytes_per_token
             calls = self._transfer_calls(request, self.instances[source], target)
             self._calls[request.request_id] = self._calls.get(request.request_id, 0) + calls
             self.links.start(request, now, source, target.local.instance_id, num_bytes, calls)
@@ -307,8 +372,11 @@ class Simulator:
 
     def _on_links(self) -> None:
         self._link_event_s = math.inf
-        for request in self.links.advance(self.view.now_s):
-            self._on_transfer_done(request)  # type: ignore[arg-type]
+        for done in self.links.advance(self.view.now_s):
+            if type(done) is HistoryRead:
+                self._on_history_read(done)
+            else:
+                self._on_transfer_done(done)  # type: ignore[arg-type]
         self._schedule_links()
 
     # ---- event handlers ----
@@ -329,6 +397,8 @@ class Simulator:
             self._outstanding -= 1
             self._completed += 1
             self._apply(handle(Finished(request, instance.local.instance_id), self.view))
+            if request.session_id >= 0:
+                self._next_round(request)
         if result.recomputed:  # its decode instance emitted a token again
             record_decode_tokens(result.recomputed, now, now)
         for request in result.prefilled:
@@ -374,7 +444,7 @@ class Simulator:
             [i.prefill_queue_tokens for i in self.instances],
             [i.used_blocks / i.total_blocks for i in self.instances],
             list(self.scheduler.roles)))
-        if self._outstanding > 0 or self._arrivals_pending:
+        if self._outstanding > 0 or self._arrivals_pending or self._rounds.pending:
             self._push(self.view.now_s + self.settings.monitor_interval_s, _TICK, None)
 
     def _stalled(self) -> bool:
@@ -389,7 +459,9 @@ class Simulator:
         """Simulate `requests` (sorted by arrival) to completion."""
         self.samples: list[LoadSample] = []
         view, heap = self.view, self._heap
-        arrivals = iter(requests)
+        self._rounds = SessionRounds(requests)
+        self._session_kv.stats = self._rounds.stats
+        arrivals = iter(self._rounds.first)
         next_arrival = next(arrivals, None)
         self._arrivals_pending = next_arrival is not None
         events = 0
@@ -398,8 +470,7 @@ class Simulator:
         while next_arrival is not None or heap:
             if next_arrival is not None and (not heap or next_arrival.arrival_s < heap[0][0]):
                 view.now_s = next_arrival.arrival_s
-                self._outstanding += 1
-                self._apply(self.scheduler.handle(Arrival(next_arrival), view))
+                self._arrive(next_arrival)
                 next_arrival = next(arrivals, None)
                 self._arrivals_pending = next_arrival is not None
             else:
@@ -413,6 +484,8 @@ class Simulator:
                     if version != self._link_version:
                         continue  # superseded: the links changed since
                     self._on_links()
+                elif kind == _ARRIVAL:
+                    self._arrive(payload)  # type: ignore[arg-type]
                 else:
                     self._on_tick()
                     if on_progress is not None:
@@ -432,4 +505,4 @@ class Simulator:
         hits = sum(i.local.prefix_cache.hit_tokens_total for i in self.instances
                    if i.local.prefix_cache is not None)
         return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
-                         self._initial_roles, self._calls, hits)
+                         self._initial_roles, self._calls, hits, self._rounds.stats)

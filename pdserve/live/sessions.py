@@ -1,0 +1,144 @@
+"""Sessions in the live world: a client's multi-round conversation (AMPD sec. 3).
+
+A client names its session with the `X-Session-Id` HTTP header (any string up to 256
+characters; `pdserve.server.app`). Requests of one session get one integer id, are marked
+to keep their KV where they finish (`retain_kv`), and carry the instance that finished the
+session's previous request (`home_instance`): AMPD's binding, which its routers follow, so
+the next round's prefill can start on that history. The worker reuses the history as far
+as the new prompt's tokens agree with it (`engine/session_kv.py`).
+
+The table keeps the `MAX_SESSIONS` most recently used sessions.
+
+A round prefilled on another worker than the one keeping its history (AMPD's remote
+execution) first reads the history (`HistoryReads`): the driver asks the keeping worker to
+lock it and say where it is (`ExportHistory` -> `HistoryExported`), sends the prefill with
+that location (`AddRequest.history`), and unlocks it once the prefill worker has copied it
+(`HistoryCopied` -> `UnlockHistory`) or the request is gone. The history stays on its
+worker, which later merges the prefill's new KV onto it. The read happens at dispatch: a
+live worker's queue does not tell the driver when a task is next (the simulator reads
+lazily, when the task heads the queue, as the paper does).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pdserve.live.messages import (
+    AddRequest,
+    ExportHistory,
+    HistoryCopied,
+    HistoryExported,
+    UnlockHistory,
+)
+from pdserve.live.requests import LiveRequest
+from pdserve.types import Request
+
+if TYPE_CHECKING:
+    from pdserve.engine.session_kv import HistoryRef
+    from pdserve.live.driver import LiveDriver
+
+MAX_SESSIONS = 100_000
+
+
+@dataclass
+class _Session:
+    session_id: int
+    home_instance: int = -1
+    history_tokens: int = 0  # KV positions the home instance keeps (its estimate)
+
+
+class LiveSessions:
+    def __init__(self) -> None:
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._by_id: dict[int, str] = {}
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def attach(self, request: Request, key: str) -> None:
+        """Mark `request` as the next round of session `key`."""
+        session = self._sessions.get(key)
+        if session is None:
+            session = _Session(self._next_id)
+            self._next_id += 1
+            self._sessions[key] = session
+            self._by_id[session.session_id] = key
+            if len(self._sessions) > MAX_SESSIONS:
+                _, old = self._sessions.popitem(last=False)
+                self._by_id.pop(old.session_id, None)
+        self._sessions.move_to_end(key)
+        request.session_id = session.session_id
+        request.retain_kv = True
+        request.home_instance = session.home_instance
+        history = min(session.history_tokens, request.input_tokens - 1)
+        request.history_tokens = request.cached_prefix_tokens = max(0, history)
+
+    def finished(self, request: Request, instance_id: int) -> None:
+        """The session's request finished on `instance_id`, which keeps its KV."""
+        key = self._by_id.get(request.session_id)
+        if key is None or key not in self._sessions:
+            return
+        session = self._sessions[key]
+        session.home_instance = instance_id
+        session.history_tokens = request.input_tokens + request.generated_tokens - 1
+
+
+class HistoryReads:
+    """The driver's side of remote prefills that read a session's history."""
+
+    def __init__(self, driver: LiveDriver) -> None:
+        self.driver = driver
+        self._waiting: dict[int, int] = {}  # request -> prefill worker, export asked
+        self._locked: dict[int, tuple[int, int]] = {}  # request -> (keeping worker, session)
+
+    @staticmethod
+    def add_request(live: LiveRequest, history: HistoryRef | None = None) -> AddRequest:
+        request = live.request
+        return AddRequest(request.request_id, live.prompt_ids, live.params,
+                          tuple(live.token_ids), request.session_id, history)
+
+    def read_first(self, live: LiveRequest, prefill_instance: int) -> bool:
+        """For a session round prefilled away from its history: ask for the history and
+        send the prefill when it comes (True); else False (send it now)."""
+        request = live.request
+        home = request.home_instance
+        if (request.session_id < 0 or not request.cached_prefix_tokens or home < 0
+                or home == prefill_instance or home in self.driver.failed):
+            return False
+        self._waiting[request.request_id] = prefill_instance
+        self.driver.workers.send(home, ExportHistory(request.request_id, request.session_id))
+        return True
+
+    def on_message(self, message: HistoryExported | HistoryCopied) -> None:
+        if isinstance(message, HistoryCopied):
+            self._unlock(message.request_id)
+            return
+        rid = message.request_id
+        if message.history is not None:
+            self._locked[rid] = (message.instance_id, message.history.session_id)
+        target = self._waiting.pop(rid, None)
+        live = self.driver.live.get(rid)
+        if target is None or live is None:
+            self._unlock(rid)
+            return
+        self.driver.workers.send(target, self.add_request(live, message.history))
+
+    def source_lost(self, instance: int) -> None:
+        """The worker keeping some histories died: their prefills go without them."""
+        for rid, target in list(self._waiting.items()):
+            live = self.driver.live.get(rid)
+            if live is not None and live.request.home_instance == instance:
+                del self._waiting[rid]
+                self.driver.workers.send(target, self.add_request(live))
+
+    def forget(self, request_id: int) -> None:
+        self._waiting.pop(request_id, None)
+        self._unlock(request_id)
+
+    def _unlock(self, request_id: int) -> None:
+        instance, session = self._locked.pop(request_id, (-1, -1))
+        if instance >= 0:
+            self.driver.workers.send(instance, UnlockHistory(session))

@@ -1,0 +1,1 @@
+"""Deployment planners: `pdserve plan --policy NAME` (one module per paper's planner)."""

@@ -1,0 +1,217 @@
+"""`pdserve plan --policy ampd`: AMPD's offline deployment planner (sec. 5, Appendix A).
+
+1. For each phase, parallel degree n in {1, 2, 4, 8} (those the model fits and divides) and
+   replica count k, simulate one replica of degree n carrying 1/k of the session load
+   (sessions start at rate/k, over at least STEADY_S seconds up to MAX_SESSION_FACTOR times
+   the configured count) and take its p95 latency over the SLO: TTFT for a prefill
+   replica, per-request mean ITL for a decode replica (Appendix A.1: the simulator models
+   phase splitting and KV transmission with the alpha-beta model). The other phase is an
+   idealised instance (a thousandth of the time, unbounded memory), so the figure is the
+   replica's own. Replica counts are simulated on a grid (1, 2, 3, 4, 6, 8, then doubling
+   steps, and the largest) and interpolated linearly in the load 1/k in between.
+2. Solve the ILP of Eq. 5 (`ampd_ilp.solve`) for the top three deployments.
+Simulations run in `--jobs` processes (2 by default), with a progress line per result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pdserve.bench.sessions import is_session_workload, session_workload
+from pdserve.bench.workload import Workload
+from pdserve.cluster.topology import Topology
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.presets import perf_model
+from pdserve.perf.specs import check_tp, model_spec
+from pdserve.planning.ampd_ilp import INFEASIBLE, Deployment, solve
+from pdserve.policies.ampd.presets import build_ampd_policy
+from pdserve.sim.simulator import Simulator
+from pdserve.types import SLO, Request
+
+DEGREES = (1, 2, 4, 8)
+STEADY_S = 20.0  # a replica's sessions arrive over at least this long (up to the cap),
+MAX_SESSION_FACTOR = 4  # so a busy replica reaches its steady state, not a short burst
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    model: str
+    gpu: str
+    gpus: int
+    slo: SLO
+    workload: str
+    sessions: int  # simulated per replica
+    rate_sps: float  # sessions started per second, whole cluster
+    seed: int = 0
+
+
+def replica_grid(max_count: int) -> list[int]:
+    counts, k = [], 1
+    while k <= max_count:
+        counts.append(k)
+        k = k + 1 if k < 4 else k + 2 if k < 8 else k * 2
+    if counts[-1] != max_count:
+        counts.append(max_count)
+    return counts
+
+
+def feasible_degrees(model: str, gpu: str, gpus: int) -> list[int]:
+    spec, degrees = model_spec(model), []
+    for degree in DEGREES:
+        if degree >= gpus:
+            continue
+        try:
+            check_tp(spec, degree)
+            perf_model(model, gpu, degree)
+        except ValueError:
+            continue  # does not divide the heads, or the weights do not fit
+        degrees.append(degree)
+    return degrees
+
+
+def idealised(perf: PerfModel) -> PerfModel:
+    """The other phase, out of the way: a thousandth of the time, memory without bound."""
+    prefill = replace(perf.prefill, intercept_s=perf.prefill.intercept_s * 1e-3,
+                      per_token_s=perf.prefill.per_token_s * 1e-3,
+                      per_attn_unit_s=perf.prefill.per_attn_unit_s * 1e-3,
+                      per_token_above_knee_s=perf.prefill.per_token_above_knee_s * 1e-3)
+    decode = replace(perf.decode, intercept_s=perf.decode.intercept_s * 1e-3,
+                     per_seq_s=perf.decode.per_seq_s * 1e-3,
+                     per_context_token_s=perf.decode.per_context_token_s * 1e-3,
+                     batch1_extra_s=perf.decode.batch1_extra_s * 1e-3,
+                     per_seq_above_knee_s=perf.decode.per_seq_above_knee_s * 1e-3)
+    return replace(perf, name=f"{perf.name} (idealised)", prefill=prefill, decode=decode,
+                   kv_capacity_tokens=1 << 30)
+
+
+def replica_workload(inputs: PlanInputs, replicas: int) -> Workload:
+    if not is_session_workload(inputs.workload):
+        raise ValueError(f"the ampd planner needs a session workload (sharegpt-sessions, "
+                         f"mooncake-sessions, agent:<kind>), got {inputs.workload!r}")
+    rate = inputs.rate_sps / replicas
+    sessions = min(max(inputs.sessions, round(rate * STEADY_S)), MAX_SESSION_FACTOR
+                   * inputs.sessions)
+    workload = session_workload(inputs.workload, sessions, rate, inputs.seed)
+    if inputs.workload == "mooncake-sessions":  # a fixed trace: thin it by rate instead
+        workload = workload.scaled(1 / replicas)
+    return workload
+
+
+def p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95)) if values else INFEASIBLE
+
+
+def replica_tau(phase: str, degree: int, replicas: int, inputs: PlanInputs) -> float:
+    """Normalised p95 latency of one replica of `phase` at `degree` with 1/replicas load."""
+    real = perf_model(inputs.model, inputs.gpu, degree)
+    ideal = idealised(real)
+    perfs = [real, ideal] if phase == "prefill" else [ideal, real]
+    policy, _ = build_ampd_policy("dynamo", inputs.slo, 1, 1, perfs)
+    requests = replica_workload(inputs, replicas).requests()
+    sim = Simulator(policy, 2, perfs, topology=Topology.for_perf_models(perfs, 8))
+    done: list[Request] = [r for r in sim.run(requests).requests if r.finished]
+    if len(done) < len(requests):
+        return INFEASIBLE  # rejected: the replica cannot hold the sessions
+    if phase == "prefill":
+        return p95([r.first_token_s - r.arrival_s for r in done]) / inputs.slo.ttft_s
+    itl = [(r.finish_s - r.first_token_s) / (r.generated_tokens - 1)
+           for r in done if r.generated_tokens > 1]
+    return p95(itl) / inputs.slo.tpot_s
+
+
+def _job(args: tuple[str, int, int, PlanInputs]) -> tuple[str, int, int, float]:
+    phase, degree, replicas, inputs = args
+    return phase, degree, replicas, replica_tau(phase, degree, replicas, inputs)
+
+
+def interpolate(samples: dict[int, float], counts: range) -> dict[int, float]:
+    """tau at every replica count, linear in the load 1/k between simulated counts."""
+    known = sorted(samples)
+    loads = [1 / k for k in reversed(known)]
+    values = [samples[k] for k in reversed(known)]
+    return {k: float(np.interp(1 / k, loads, values)) for k in counts}
+
+
+def tau_tables(inputs: PlanInputs, jobs: int = 2, progress: bool = True
+               ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    degrees = feasible_degrees(inputs.model, inputs.gpu, inputs.gpus)
+    if not degrees:
+        raise ValueError(f"{inputs.model} fits no parallel degree in {DEGREES} on "
+                         f"{inputs.gpus - 1} {inputs.gpu} GPUs")
+    tasks = [(phase, degree, k, inputs) for phase in ("prefill", "decode") for degree in degrees
+             for k in replica_grid((inputs.gpus - 1) // degree)]
+    tasks.sort(key=lambda task: task[2])  # the busiest replicas (fewest) are the slowest: first
+    samples: dict[tuple[str, int], dict[int, float]] = {}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for index, (phase, degree, k, tau) in enumerate(pool.map(_job, tasks), 1):
+            samples.setdefault((phase, degree), {})[k] = tau
+            if progress:
+                print(f"  [{index}/{len(tasks)}] {phase} TP{degree} x{k}: p95/SLO "
+                      f"{tau:.3g}", file=sys.stderr, flush=True)
+    tables: tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]] = ({}, {})
+    for (phase, degree), by_count in samples.items():
+        table = tables[0] if phase == "prefill" else tables[1]
+        for k, tau in interpolate(by_count, range(1, (inputs.gpus - 1) // degree + 1)).items():
+            table[degree, k] = tau
+    return tables
+
+
+def plan(inputs: PlanInputs, jobs: int = 2, top: int = 3,
+         progress: bool = True) -> list[Deployment]:
+    tau_prefill, tau_decode = tau_tables(inputs, jobs, progress)
+    return solve(tau_prefill, tau_decode, inputs.gpus, top)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, required=True, help="GPUs to deploy on")
+    p.add_argument("--trace", default="agent:toolbench", help="session workload: "
+                   "sharegpt-sessions, mooncake-sessions, agent:toolbench|gaia|hotpotqa|dureader "
+                   "[agent:toolbench]")
+    p.add_argument("--synthetic-requests", type=int, default=150,
+                   help="sessions simulated per replica [150]")
+    p.add_argument("--synthetic-rate", type=float, default=2.0,
+                   help="sessions started per second on the whole cluster [2]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="qwen3-32b", help="[qwen3-32b]")
+    p.add_argument("--gpu", default="h20", help="[h20]")
+    p.add_argument("--ttft-slo", type=float, default=0.35, help="seconds [0.35]")
+    p.add_argument("--tpot-slo", type=float, default=0.04, help="ITL SLO, seconds [0.04]")
+    p.add_argument("--jobs", type=int, default=2, help="simulation processes [2]")
+    p.add_argument("--top", type=int, default=3, help="deployments to print [3]")
+    p.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="simulate the ILP's K best deployments as whole clusters under ampd "
+                        "and rank them by SLO attainment (pdserve's addition) [0: off]")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    if args.gpus < 2:
+        raise ValueError(f"--gpus must be at least 2 (one per phase), got {args.gpus}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    inputs = PlanInputs(args.model, args.gpu, args.gpus, SLO(args.ttft_slo, args.tpot_slo),
+                        args.trace, args.synthetic_requests, args.synthetic_rate, args.seed)
+    started = time.perf_counter()
+    print(f"planning {inputs.model} on {inputs.gpus} {inputs.gpu} GPUs for {inputs.workload} "
+          f"at {inputs.rate_sps:g} sessions/s (TTFT SLO {inputs.slo.ttft_s:g}s, ITL SLO "
+          f"{inputs.slo.tpot_s:g}s)", flush=True)
+    deployments = plan(inputs, args.jobs, max(args.top, args.verify))
+    print(f"top {min(args.top, len(deployments))} deployments by the ILP (Z = worse phase's "
+          f"p95 latency / its SLO), {time.perf_counter() - started:.1f}s:")
+    for rank, deployment in enumerate(deployments[:args.top], 1):
+        print(f"  {rank}. {deployment.describe()}  Z={deployment.z:.3g} (prefill "
+              f"{deployment.tau_prefill:.3g}, decode {deployment.tau_decode:.3g})")
+    if args.verify > 0:
+        from pdserve.planning.ampd_verify import verify
+
+        checked = verify(inputs, deployments[:args.verify], args.jobs)
+        print(f"the ILP's {len(checked)} best, simulated as whole clusters under ampd, "
+              f"{time.perf_counter() - started:.1f}s:")
+        for rank, (deployment, attainment) in enumerate(checked[:args.top], 1):
+            print(f"  {rank}. {deployment.describe()}  SLO attainment {attainment:.1%}")
+    return 0

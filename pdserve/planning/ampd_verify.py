@@ -1,0 +1,65 @@
+"""Check the ILP's shortlist by simulating whole clusters (`pdserve plan --verify K`).
+
+Eq. 5 prices each phase's replicas apart, so it cannot see what AMPD's adaptive routing
+does across them: decode workers that take prefills locally relieve the prefill side
+(Alg. 1 line 4). With `--verify K` the planner simulates each of the ILP's K best
+deployments as a whole cluster under `ampd` on the same sessions and ranks them by SLO
+attainment. This step is pdserve's, not the paper's (which ranks by the ILP alone).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+
+from pdserve.bench.metrics import summarize
+from pdserve.cluster.topology import Link, Topology, gpu_link, network_link
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.presets import perf_model
+from pdserve.planning.ampd import PlanInputs, replica_workload
+from pdserve.planning.ampd_ilp import Deployment
+from pdserve.policies.ampd.presets import build_ampd_policy
+from pdserve.sim.simulator import Simulator
+
+GPUS_PER_NODE = 8
+NETWORK = "rdma-200g"  # one card per GPU, as the simulator's default
+
+
+def cluster_topology(perfs: list[PerfModel], degrees: list[int]) -> Topology:
+    """Instances fill 8-GPU nodes in order; between nodes each instance has one network
+    card per GPU."""
+    nodes, used, node = [], 0, 0
+    for degree in degrees:
+        if used + degree > GPUS_PER_NODE:
+            node, used = node + 1, 0
+        nodes.append(node)
+        used += degree
+    inter = network_link(NETWORK)
+    widest = max(degrees)
+    inter = Link(f"{inter.name} x{widest}", inter.bytes_per_s * widest, inter.per_call_s,
+                 inter.source)
+    return Topology(tuple(nodes), tuple(gpu_link(p) for p in perfs), inter)
+
+
+def cluster_attainment(deployment: Deployment, inputs: PlanInputs) -> float:
+    """SLO attainment of the whole deployment under `ampd` (prefill replicas first)."""
+    degrees = ([deployment.prefill_degree] * deployment.prefill_replicas
+               + [deployment.decode_degree] * deployment.decode_replicas)
+    perfs = [perf_model(inputs.model, inputs.gpu, degree) for degree in degrees]
+    policy, _ = build_ampd_policy("ampd", inputs.slo, deployment.prefill_replicas,
+                                  deployment.decode_replicas, perfs)
+    workload = replica_workload(inputs, 1)
+    sim = Simulator(policy, len(perfs), perfs, topology=cluster_topology(perfs, degrees))
+    return summarize(sim.run(workload.requests()).requests, inputs.slo).slo_attainment
+
+
+def _job(args: tuple[Deployment, PlanInputs]) -> float:
+    return cluster_attainment(*args)
+
+
+def verify(inputs: PlanInputs, deployments: list[Deployment],
+           jobs: int = 2) -> list[tuple[Deployment, float]]:
+    """The deployments with their simulated attainment, best first (ties keep ILP order)."""
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        scores = list(pool.map(_job, [(d, inputs) for d in deployments]))
+    order = sorted(range(len(deployments)), key=lambda i: (-scores[i], i))
+    return [(deployments[i], scores[i]) for i in order]

@@ -1,0 +1,46 @@
+"""AMPD and its baselines as policies (AMPD sec. 7.1 and the Fig. 5 ablation).
+
+| preset          | roles | prefill routing                   | queue order        |
+|-----------------|-------|-----------------------------------|--------------------|
+| ampd            | xPyD  | Alg. 1 (adaptive local/remote)    | Alg. 2 reordering  |
+| ampd-no-reorder | xPyD  | Alg. 1                            | FCFS  (w/o PR)     |
+| dynamo          | xPyD  | always remote, shortest queue     | FCFS  (w/o AR+PR)  |
+All three bind each session to a decode worker by memory use and keep its history KV there;
+a remote prefill reads the history lazily and returns only the new KV. `perfs` gives one
+performance model per instance (the planner's mixed parallel degrees); by default every
+instance has the setup's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+from pdserve.perf.fitted import PerfModel
+from pdserve.policies.ampd.context import ALPHA, BETA, AmpdContext
+from pdserve.policies.ampd.reordering import WINDOW, TtftAwareOrder
+from pdserve.policies.ampd.roles import AmpdRoles
+from pdserve.policies.ampd.routing import AmpdDecodeRouter, AmpdPrefillRouter
+from pdserve.policies.base import Policy
+from pdserve.types import SLO
+
+AMPD_VARIANTS: dict[str, tuple[bool, bool]] = {  # name -> (adaptive routing, reordering)
+    "ampd": (True, True),
+    "ampd-no-reorder": (True, False),
+    "dynamo": (False, False),
+}
+
+
+def build_ampd_policy(name: str, slo: SLO, prefill: int, decode: int,
+                      perfs: Sequence[PerfModel], alpha: float = ALPHA, beta: float = BETA,
+                      window: int = WINDOW) -> tuple[Policy, AmpdContext]:
+    """`alpha`, `beta` (Alg. 1) and the lookahead `window` (Alg. 2): the paper's defaults
+    0.9, 0.85 and 3 (sec. 7.1)."""
+    adaptive, reorder = AMPD_VARIANTS[name]
+    context = AmpdContext(slo.ttft_s, slo.tpot_s, list(perfs), alpha=alpha, beta=beta)
+    policy = Policy(name=name, prefill_router=AmpdPrefillRouter(context, adaptive),
+                    decode_router=AmpdDecodeRouter(context),
+                    role_manager=AmpdRoles(context, prefill, decode))
+    if reorder:
+        policy.queue_order = partial(TtftAwareOrder, slo.ttft_s, window)
+    return policy, context

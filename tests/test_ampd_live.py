@@ -1,0 +1,108 @@
+"""AMPD sessions in the live world: a two-round conversation through `pdserve serve`."""
+
+from __future__ import annotations
+
+import httpx
+import torch
+from server_helpers import running_server
+
+from pdserve.engine.engine import Engine
+from pdserve.engine.loader import load_model
+from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.tokenizer import TextTokenizer
+
+
+def fresh_greedy(prompt_ids: list[int], tokens: int) -> str:
+    """The request on one in-process engine, from scratch."""
+    torch.set_num_threads(1)
+    model, tokenizer = load_model("tiny", seed=0)
+    engine = Engine(model, tokenizer, 64)
+    engine.add(0, prompt_ids, SamplingParams(max_tokens=tokens, temperature=0.0))
+    engine.run([], [(0, len(prompt_ids))])
+    while not engine.sequences[0].finish_reason:
+        engine.run([0], [])
+    return engine.text_of(0)
+
+
+def test_second_round_prefills_only_new_tokens_on_the_bound_worker(tmp_path):
+    # 1 prefill + 1 decode worker. A TTFT SLO nobody meets and an ITL SLO everybody meets
+    # make Alg. 1 run round 2 locally on the session's decode worker (line 4); round 1,
+    # before any TTFT sample, goes to the prefill worker (line 2).
+    tokenizer = TextTokenizer.shipped()
+    with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
+                        ttft_slo_s=1e-6, tpot_slo_s=100.0) as (base, driver):
+        submitted = []
+        submit = driver.submit
+
+        def recording_submit(*args, **kwargs):
+            live = submit(*args, **kwargs)
+            submitted.append(live)
+            return live
+        driver.submit = recording_submit
+        headers = {"X-Session-Id": "conversation-1"}
+        first = tokenizer.encode("The quick brown fox")
+        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
+            "model": "tiny", "prompt": first, "max_tokens": 8, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        answer = list(submitted[0].token_ids)
+        assert submitted[0].request.decode_instance == 1  # bound to the decode worker
+        assert submitted[0].request.prefill_instance == 0  # round 1: remote
+        before = driver.engine_counters[1]
+        second = first + answer + tokenizer.encode(" jumps over the lazy dog")
+        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
+            "model": "tiny", "prompt": second, "max_tokens": 8, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        request = submitted[1].request
+        assert request.prefill_instance == request.decode_instance == 1  # local, bound
+        after = driver.engine_counters[1]
+        history = len(first) + len(answer) - 1  # the last answer token was never fed back
+        assert after[1] - before[1] == history  # reused from the kept KV
+        assert after[0] - before[0] == len(second) - history  # only the new tokens computed
+        assert reply.json()["choices"][0]["text"] == fresh_greedy(second, 8)
+        # without the header the same prompt is prefilled from scratch
+        counters = dict(driver.engine_counters)
+        httpx.post(f"{base}/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": second, "max_tokens": 2, "temperature": 0})
+        third = submitted[2].request
+        instance = third.prefill_instance
+        computed = driver.engine_counters[instance][0] - counters.get(instance, (0, 0))[0]
+        assert computed == len(second)
+        bad = httpx.post(f"{base}/v1/completions", headers={"X-Session-Id": "x" * 300},
+                         timeout=60, json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert bad.status_code == 400 and "X-Session-Id" in bad.text
+
+
+def test_remote_round_reads_the_history_and_hands_back_only_new_kv(tmp_path):
+    # a TTFT SLO everybody meets: Alg. 1 line 2 sends every round to the prefill worker,
+    # which reads the session's history from the decode worker instead of recomputing it
+    tokenizer = TextTokenizer.shipped()
+    with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
+                        ttft_slo_s=100.0, tpot_slo_s=100.0) as (base, driver):
+        submitted = []
+        submit = driver.submit
+
+        def recording_submit(*args, **kwargs):
+            live = submit(*args, **kwargs)
+            submitted.append(live)
+            return live
+        driver.submit = recording_submit
+        headers = {"X-Session-Id": "agent-7"}
+        first = tokenizer.encode("Search the web for the capital of France")
+        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
+            "model": "tiny", "prompt": first, "max_tokens": 6, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        answer = list(submitted[0].token_ids)
+        prefill_before, decode_before = driver.engine_counters[0], driver.engine_counters[1]
+        second = first + answer + tokenizer.encode(" Tool result: Paris.")
+        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
+            "model": "tiny", "prompt": second, "max_tokens": 6, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        request = submitted[1].request
+        assert (request.prefill_instance, request.decode_instance) == (0, 1)  # remote
+        history = len(first) + len(answer) - 1
+        prefill_after, decode_after = driver.engine_counters[0], driver.engine_counters[1]
+        assert prefill_after[1] - prefill_before[1] == history  # read, not recomputed
+        assert prefill_after[0] - prefill_before[0] == len(second) - history
+        assert decode_after[1] - decode_before[1] == history  # merged onto the kept KV
+        assert decode_after[0] == decode_before[0]  # the decode worker computed no prefill
+        assert reply.json()["choices"][0]["text"] == fresh_greedy(second, 6)

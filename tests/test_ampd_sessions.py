@@ -1,0 +1,218 @@
+"""Multi-round sessions: binding, history KV kept between rounds, incremental prefills and
+hand-offs, eviction forcing a re-prefill, and the session workloads (AMPD sec. 3, Table 1)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import make_perf
+
+from pdserve.bench.sessions import AGENT_PROFILES, session_workload
+from pdserve.cluster.topology import Topology
+from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.sim.simulator import Simulator
+from pdserve.types import SLO, Request, blocks_for
+
+PERF = make_perf()
+SLO_ = SLO(1.0, 0.1)
+
+
+def two_rounds(first_in: int = 1000, first_out: int = 50, new_in: int = 300,
+               out: int = 20, delay_s: float = 1.0) -> list[Request]:
+    history = first_in + first_out
+    return [Request(0, 0.0, first_in, first_out, session_id=5, round_index=0, retain_kv=True),
+            Request(1, 0.0, history + new_in, out, session_id=5, round_index=1,
+                    history_tokens=history, tool_delay_s=delay_s)]
+
+
+def run(policy_name: str, requests: list[Request], prefill: int = 1, decode: int = 1,
+        perf=PERF, instances: int = 1) -> Simulator:
+    policy, count = build_policy(policy_name, PolicySetup(perf, SLO_, instances=instances,
+                                                          prefill=prefill, decode=decode))
+    sim = Simulator(policy, count, perf, topology=Topology.for_perf_models([perf] * count, 8))
+    sim.result = sim.run(requests)  # type: ignore[attr-defined]
+    return sim
+
+
+# ---- the local scheduler ----
+
+def finish(local: LocalScheduler, request: Request) -> None:
+    """Run `request` here to the end (prefill, in place decode)."""
+    local.enqueue_prefill(request)
+    while True:
+        plan = local.plan()
+        assert plan is not None
+        result = local.complete(plan)
+        for held in result.prefilled:
+            local.continue_in_place(held)
+        if request in result.finished:
+            return
+
+
+def test_finished_round_keeps_its_kv_and_next_local_round_computes_only_new_tokens() -> None:
+    local = LocalScheduler(0, total_blocks=1000, chunk_size_tokens=4096)
+    first, second = two_rounds()
+    finish(local, first)
+    kept = first.sequence_tokens - 1
+    assert local.sessions.tokens(5) == kept == 1049
+    assert local.used_blocks == blocks_for(kept)  # held, not freed
+    second.cached_prefix_tokens = local.sessions.pin(5)
+    local.enqueue_prefill(second)
+    assert local.prefill_queue_tokens == second.input_tokens - kept == 301
+    plan = local.plan()
+    assert plan is not None and plan.chunks == [(second, 301)]
+    assert plan.prefill_attn_units == 301 * (301 + 2 * kept)  # new tokens attend to history
+    assert len(local.sessions) == 0  # the round took the history blocks over
+    assert local.complete(plan).prefilled == [second]
+    assert local.held[second.request_id][1] == blocks_for(second.input_tokens)
+    assert local.used_blocks == blocks_for(second.input_tokens)  # history counted once
+
+
+def test_handoff_to_the_bound_instance_moves_only_new_blocks() -> None:
+    decode = LocalScheduler(1, total_blocks=1000, chunk_size_tokens=4096)
+    first, second = two_rounds()
+    finish(decode, first)
+    free_before = decode.free_blocks
+    second.cached_prefix_tokens = decode.sessions.pin(5)
+    second.generated_tokens = 1  # prefilled remotely: its first token is out
+    decode.enqueue_transfer_in(second)
+    assert decode.admit_transfers() == [second]
+    assert decode.transfer_reused_tokens[second.request_id] == 1049
+    total = blocks_for(second.sequence_tokens - 1)
+    assert second.kv_blocks == total
+    assert free_before - decode.free_blocks == total - blocks_for(1049)
+
+
+def test_eviction_frees_idle_history_lru_first() -> None:
+    local = LocalScheduler(0, total_blocks=200, chunk_size_tokens=4096)
+    for sid in (1, 2):
+        finish(local, Request(sid, 0.0, 1000, 10, session_id=sid, retain_kv=True))
+    assert len(local.sessions) == 2 and local.used_blocks == 2 * blocks_for(1009)
+    finish(local, Request(9, 0.0, 1500, 10))  # needs blocks only evicting session 1 frees
+    assert 1 not in local.sessions and 2 in local.sessions
+    assert local.sessions.evictions_total == 1
+
+
+# ---- the simulator ----
+
+def test_rounds_are_chained_by_the_tool_delay() -> None:
+    requests = two_rounds(delay_s=2.5)
+    run("dynamo", requests)
+    first, second = requests
+    assert second.arrival_s == pytest.approx(first.finish_s + 2.5)
+    assert second.decode_instance == first.decode_instance == 1  # bound
+    assert second.home_instance == 1
+
+
+def test_remote_round_reads_history_and_hands_back_only_new_kv() -> None:
+    requests = two_rounds(first_in=4000, new_in=200)
+    sim = run("dynamo", requests)
+    stats = sim.result.sessions  # type: ignore[attr-defined]
+    first, second = requests
+    history = first.sequence_tokens - 1
+    assert stats.history_read_bytes == history * PERF.kv_bytes_per_token
+    link = sim.topology.link_between(0, 1)
+    read_s = link.time_s(history * PERF.kv_bytes_per_token)
+    new_s = link.time_s((second.input_tokens - history) * PERF.kv_bytes_per_token)
+    assert second.transfer_s == pytest.approx(read_s + new_s)  # alone on the links
+    full_s = link.time_s(second.input_tokens * PERF.kv_bytes_per_token)
+    assert first.transfer_s == pytest.approx(link.time_s(
+        (first.input_tokens) * PERF.kv_bytes_per_token))
+    assert second.transfer_s - read_s < 0.2 * full_s
+    assert stats.remote_prefills == 1 and stats.history_evicted == 0
+
+
+def test_colocated_affinity_reuses_history_and_eviction_forces_a_reprefill() -> None:
+    requests = two_rounds(first_in=1000, delay_s=5.0)
+    sim = run("continuum", requests)
+    stats = sim.result.sessions  # type: ignore[attr-defined]
+    assert stats.local_prefills == 1 and stats.history_evicted == 0
+    assert requests[1].cached_prefix_tokens == requests[0].sequence_tokens - 1
+    # a big request during the tool delay needs the memory the idle history holds
+    small = replace(PERF, kv_capacity_tokens=4000)
+    requests = [*two_rounds(first_in=1000, delay_s=5.0), Request(2, 3.0, 3000, 10)]
+    sim = run("continuum", requests, perf=small)
+    stats = sim.result.sessions  # type: ignore[attr-defined]
+    assert stats.history_evicted == 1
+    assert requests[1].cached_prefix_tokens == 0  # the whole prompt was recomputed
+    assert sim.instances[0].local.sessions.evictions_total == 1
+    assert all(r.finished for r in requests)
+
+
+def test_final_round_frees_its_kv() -> None:
+    requests = two_rounds()
+    sim = run("dynamo", requests)
+    assert all(len(i.local.sessions) == 0 and i.local.used_blocks == 0
+               for i in sim.instances)
+
+
+def test_rejected_round_rejects_the_rest_of_its_session() -> None:
+    tiny = replace(PERF, kv_capacity_tokens=1200)
+    requests = two_rounds(first_in=1500)
+    run("dynamo", requests, perf=tiny)
+    assert requests[0].rejected_reason and "earlier round" in requests[1].rejected_reason
+
+
+# ---- workloads ----
+
+@pytest.mark.parametrize("kind", list(AGENT_PROFILES))
+def test_agent_workloads_match_table_1(kind: str) -> None:
+    profile = AGENT_PROFILES[kind]
+    workload = session_workload(f"agent:{kind}", 1500, 2.0, seed=1)
+    assert workload.session_id is not None and workload.history_tokens is not None
+    rounds = np.bincount(workload.session_id)
+    assert rounds.mean() == pytest.approx(profile.mean_rounds, rel=0.05)
+    new = workload.input_tokens - workload.history_tokens
+    assert new.mean() == pytest.approx(profile.prefill_tokens, rel=0.05)
+    assert workload.output_tokens.mean() == pytest.approx(profile.decode_tokens, rel=0.05)
+    requests = workload.requests()
+    by_session: dict[int, list[Request]] = {}
+    for request in requests:
+        by_session.setdefault(request.session_id, []).append(request)
+    for rounds_of in list(by_session.values())[:50]:
+        rounds_of.sort(key=lambda r: r.round_index)
+        for before, after in zip(rounds_of, rounds_of[1:], strict=False):
+            assert after.history_tokens == before.input_tokens + before.output_tokens
+            assert before.retain_kv and after.tool_delay_s > 0
+        assert not rounds_of[-1].retain_kv
+
+
+def test_sharegpt_and_mooncake_sessions() -> None:
+    sharegpt = session_workload("sharegpt-sessions", 200, 1.0, seed=0)
+    assert sharegpt.history_tokens is not None and (sharegpt.history_tokens > 0).any()
+    assert (sharegpt.input_tokens > sharegpt.history_tokens).all()
+    mooncake = session_workload("mooncake-sessions", 1, 1.0)
+    assert mooncake.history_tokens is not None
+    later = mooncake.round_index > 1
+    assert later.any() and (mooncake.history_tokens[later] > 0).all()
+    assert (mooncake.history_tokens < mooncake.input_tokens).all()
+
+
+@pytest.mark.parametrize("policy", ["ampd", "continuum"])
+def test_sessions_fast_advance_equals_step_by_step(policy: str) -> None:
+    """Sessions under memory pressure (history evicted, preemptions): the simulator's
+    multi-step spans give every round the same times as running step by step."""
+    from pdserve.sim.simulator import SimSettings
+
+    perf = make_perf(kv_capacity_tokens=12_000)
+    outcomes = []
+    for span in (1, 1 << 20):
+        workload = session_workload("agent:hotpotqa", 40, 4.0, seed=3)
+        policy_obj, count = build_policy(policy, PolicySetup(perf, SLO(0.3, 0.02),
+                                                             instances=4, prefill=2, decode=2))
+        sim = Simulator(policy_obj, count, perf, SimSettings(chunk_size_tokens=512,
+                                                             max_span_steps=span))
+        result = sim.run(workload.requests())
+        outcomes.append((result, [(r.request_id, r.arrival_s, r.first_token_s, r.finish_s,
+                                   r.prefill_instance, r.decode_instance, r.preemptions,
+                                   r.cached_prefix_tokens) for r in result.requests]))
+    (slow, slow_rows), (fast, fast_rows) = outcomes
+    for a, b in zip(slow_rows, fast_rows, strict=True):
+        assert a[0] == b[0] and a[4:] == b[4:]
+        assert a[1:4] == pytest.approx(b[1:4], rel=1e-9, abs=1e-9)
+    assert slow.sessions == fast.sessions
+    assert fast.events < slow.events
+    assert fast.sessions.history_evicted + sum(r.preemptions for r in fast.requests) > 0
