@@ -29,8 +29,10 @@ def test_second_round_prefills_only_new_tokens_on_the_bound_worker(tmp_path):
     # make Alg. 1 run round 2 locally on the session's decode worker (line 4); round 1,
     # before any TTFT sample, goes to the prefill worker (line 2).
     tokenizer = TextTokenizer.shipped()
+    # (the workers' prefix cache is off: the third request checks a from-scratch prefill)
     with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
-                        ttft_slo_s=1e-6, tpot_slo_s=100.0) as (base, driver):
+                        ttft_slo_s=1e-6, tpot_slo_s=100.0,
+                        prefix_block_tokens=0) as (base, driver):
         submitted = []
         submit = driver.submit
 
