@@ -91,6 +91,7 @@ class Request:
     kv_blocks: int = 0  # blocks held on the instance that currently owns the request
     admit_seq: int = 0  # admission order on its instance (newest is preempted first)
     preemptions: int = 0
+    cobatched_prefill_tokens: int = 0  # prefill tokens in the batches of its decode steps
     # --- outcome, written by the driver ---
     first_token_s: float = math.nan
     finish_s: float = math.nan

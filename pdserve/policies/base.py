@@ -22,6 +22,15 @@ from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.types import Request, Role
 
 
+class RejectRequest(Exception):
+    """A prefill router refuses a request for load (early rejection); the scheduler answers
+    `Reject(request, reason, overloaded=True)`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class PrefillRouter(Protocol):
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
         """Instance id for `request`'s prefill, among `board.prefill_candidates`."""
@@ -64,3 +73,4 @@ class Policy:
     role_manager: RoleManager
     rebalancer: Rebalancer = field(default_factory=NoRebalancing)
     queue_order: Callable[[], QueueOrder] = FCFSOrder
+    chunk_sizes_tokens: tuple[int, ...] = ()  # per instance; 0 or absent: the driver's

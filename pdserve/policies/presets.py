@@ -7,14 +7,17 @@
 | min-load    | xPyD fixed    | min-load       | min-running-tokens | Arrow Fig. 8      |
 | round-robin | xPyD fixed    | round-robin    | round-robin        | Arrow Fig. 8      |
 | arrow       | xPyD, elastic | arrow (Alg. 1) | arrow (Alg. 2)     | Arrow "SLO aware" |
+| taichi      | P-/D-heavy    | taichi (Alg. 2)| taichi (Alg. 1)    | TaiChi            |
 
-Any preset's routers can be swapped by name (`prefill_router`, `decode_router`).
+Any preset's routers can be swapped by name (`prefill_router`, `decode_router`), except
+taichi's, whose components share per-request state (`policies/taichi/policy.py`); its
+sliders are `PolicySetup.prefill : decode` (R_PD) and `PolicySetup.taichi`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.perf.fitted import PerfModel
@@ -28,6 +31,8 @@ from pdserve.policies.in_place import InPlaceDecodeRouter
 from pdserve.policies.min_load import MinLoadPrefillRouter, MinRunningTokensDecodeRouter
 from pdserve.policies.round_robin import RoundRobinDecodeRouter, RoundRobinPrefillRouter
 from pdserve.policies.static_roles import ColocatedRoles, StaticRoles
+from pdserve.policies.taichi.policy import build_taichi
+from pdserve.policies.taichi.settings import TaiChiSettings
 from pdserve.types import SLO
 
 
@@ -48,6 +53,7 @@ class PolicySetup:
     arrow_monitor_cooldown_s: float = 5.0
     prefill_router: str = ""  # "" keeps the preset's
     decode_router: str = ""
+    taichi: TaiChiSettings = field(default_factory=TaiChiSettings)
 
 
 def arrow_context(setup: PolicySetup) -> ArrowContext:
@@ -75,6 +81,7 @@ PRESETS: dict[str, Preset] = {
     "min-load": Preset(False, True, "min-load", "min-running-tokens"),
     "round-robin": Preset(False, True, "round-robin", "round-robin"),
     "arrow": Preset(True, True, "arrow", "arrow"),
+    "taichi": Preset(False, True, "taichi", "taichi"),  # built by `build_taichi`
 }
 
 PREFILL_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], PrefillRouter]] = {
@@ -101,6 +108,12 @@ def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
     if name not in PRESETS:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}")
     preset = PRESETS[name]
+    if name == "taichi":
+        if setup.prefill_router or setup.decode_router:
+            raise ValueError("taichi's routers are its Algorithms 2 and 1 and cannot be "
+                             "replaced; switch them off with taichi_length_aware_prefill / "
+                             "taichi_flowing_decode")
+        return build_taichi(setup.perf, setup.slo, setup.prefill, setup.decode, setup.taichi)
     prefill_name = setup.prefill_router or preset.prefill_router
     decode_name = setup.decode_router or preset.decode_router
     uses_arrow = preset.elastic or "arrow" in (prefill_name, decode_name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -19,6 +19,7 @@ from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.taichi.settings import TaiChiSettings
 from pdserve.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
 from pdserve.server.chat_template import ChatTemplate
 from pdserve.types import SLO
@@ -47,6 +48,7 @@ class ServeConfig:
     max_model_len: int = 0  # 0: the model's context
     chat_template: str = ""  # a Jinja file; "": the generic layout
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    taichi: TaiChiSettings = field(default_factory=TaiChiSettings)  # --policy taichi
 
     def __post_init__(self) -> None:
         for name in ("instances", "prefill", "decode", "kv_blocks", "chunk_size_tokens",
@@ -137,7 +139,8 @@ def build_app(config: ServeConfig) -> FastAPI:
     policy, count = build_policy(config.policy, PolicySetup(
         perf, SLO(config.ttft_slo_s, config.tpot_slo_s), instances=config.instances,
         prefill=config.prefill, decode=config.decode,
-        chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size))
+        chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
+        taichi=config.taichi))
     driver = LiveDriver(policy, count, served.tokenizer, WorkerSettings(
         config.model, config.seed, config.kv_blocks, config.chunk_size_tokens,
         config.max_batch_size), config.monitor_interval_s, config.max_outstanding)

@@ -159,6 +159,7 @@ class Simulator:
         self._transfer_start_s: dict[int, float] = {}  # KV on the wire: request -> start
         self._link_event_s = math.inf  # when the pending link event is due
         self._link_version = 0  # bumps when the pending link event is superseded
+        self._apply(self.scheduler.initial_actions())  # the policy's chunk sizes
 
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:

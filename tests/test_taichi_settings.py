@@ -1,0 +1,47 @@
+"""TaiChi's sliders at the ends of the design space are the existing presets, exactly:
+S_P == S_D is `colocated`, S_D == 0 is `static-pd` (TaiChi sec. 3.1), on a fixed seed."""
+
+from __future__ import annotations
+
+from pdserve.config import SimConfig
+from pdserve.sim.runner import Experiment
+
+
+def outcomes(config: SimConfig) -> list[tuple]:
+    result = Experiment.from_config(config).simulate()
+    return [(r.request_id, r.first_token_s, r.finish_s, r.prefill_instance, r.decode_instance,
+             r.preemptions, r.transfer_s) for r in result.requests]
+
+
+BASE = SimConfig(trace="synthetic", synthetic_requests=300, synthetic_rate_rps=12.0,
+                 synthetic_lengths="lognormal:900:200:1.0", seed=7, model="qwen2.5-14b",
+                 gpu="a100", ttft_slo_s=3.0, tpot_slo_s=0.11, monitor_interval_s=0.2)
+
+
+def test_aggregation_setting_is_colocated():
+    colocated = outcomes(BASE.replaced(policy="colocated", instances=4, chunk_size_tokens=512))
+    taichi = outcomes(BASE.replaced(policy="taichi", prefill=2, decode=2,
+                                    chunk_size_tokens=2048, taichi_chunk_p_tokens=512,
+                                    taichi_chunk_d_tokens=512))
+    assert taichi == colocated
+    assert len({r[3] for r in taichi}) == 4  # every instance prefilled
+
+
+def test_disaggregation_setting_is_static_pd():
+    static = outcomes(BASE.replaced(policy="static-pd", prefill=2, decode=2,
+                                    chunk_size_tokens=8192))
+    taichi = outcomes(BASE.replaced(policy="taichi", prefill=2, decode=2,
+                                    chunk_size_tokens=8192, taichi_chunk_p_tokens=8192,
+                                    taichi_chunk_d_tokens=0))
+    assert taichi == static
+    assert {r[4] for r in taichi} == {2, 3} and all(r[6] > 0 for r in taichi)
+
+
+def test_hybrid_setting_differs_and_moves_decodes():
+    result = Experiment.from_config(BASE.replaced(
+        policy="taichi", prefill=2, decode=2, taichi_chunk_p_tokens=1024,
+        taichi_chunk_d_tokens=256)).simulate()
+    decode_on = {r.decode_instance for r in result.requests}
+    assert decode_on <= {2, 3}  # no pressure: every decode stays on a D-heavy instance
+    assert {r.prefill_instance for r in result.requests} == {0, 1, 2, 3}
+    assert any(r.cobatched_prefill_tokens > 0 for r in result.requests)
