@@ -46,7 +46,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--synthetic-cv", type=float, help="gamma arrivals' coefficient of "
                    "variation [1]")
     w.add_argument("--synthetic-lengths", help="fixed:IN:OUT | table:arxiv-lengths | "
-                   "uniform:LO-HI:LO-HI | lognormal:MEAN_IN:MEAN_OUT:SIGMA [fixed:512:128]")
+                   "uniform:LO-HI:LO-HI | lognormal:MEAN_IN:MEAN_OUT:SIGMA; tables: arxiv-lengths, "
+                   "arxiv-long, sharegpt, sharegpt-first [fixed:512:128]")
     w.add_argument("--seed", type=int, help="seed of synthetic workloads [0]")
     c = p.add_argument_group("cluster and policy")
     c.add_argument("--policy", choices=list(PRESETS), help="policy preset [static-pd]")
