@@ -113,7 +113,8 @@ def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
             raise ValueError("taichi's routers are its Algorithms 2 and 1 and cannot be "
                              "replaced; switch them off with taichi_length_aware_prefill / "
                              "taichi_flowing_decode")
-        return build_taichi(setup.perf, setup.slo, setup.prefill, setup.decode, setup.taichi)
+        return build_taichi(setup.perf, setup.slo, setup.prefill, setup.decode, setup.taichi,
+                            setup.max_batch_size)
     prefill_name = setup.prefill_router or preset.prefill_router
     decode_name = setup.decode_router or preset.decode_router
     uses_arrow = preset.elastic or "arrow" in (prefill_name, decode_name)

@@ -5,9 +5,13 @@ ticks, so the tick interval bounds how late a decision comes):
   P-heavy instance (Alg. 1 lines 1-3): every decode there whose TPOT since its counters were
     last reset exceeds alpha x TPOT SLO flows back to a D-heavy instance (backflow); its
     counters reset once it has arrived ("logically treated as a new request").
-  D-heavy instance (lines 4-12): while its KV use minus what is already chosen to leave is
+  D-heavy instance (lines 4-12): while its use minus what is already chosen to leave is
     above the watermark M, the decode with the longest output since its last reset is
-    degraded to a P-heavy instance (longest-first degradation).
+    degraded to a P-heavy instance (longest-first degradation). "Use" is the larger of the
+    KV memory fraction (the paper's m) and the batch-slot fraction (decodes over the
+    batch-size cap): M exists so that a new decode can always be accepted (sec. 3.3), and a
+    full batch refuses one as surely as full memory does (pdserve's addition; with the
+    calibrated A100 models a D-heavy instance reaches the 256-sequence cap before 95 % KV).
 Chosen decodes are spread over the targets by load: each goes to the target with the least
 KV in use counting the decodes already sent there in this tick (backflow: D-heavy; degrade:
 P-heavy that take decodes with room for it). Each becomes a `Migrate` action, so the move
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 from pdserve.cluster.messages import Action, ClusterView, Migrate
 from pdserve.cluster.roles import RoleBoard
+from pdserve.instance.stats import InstanceLoad
 from pdserve.policies.taichi.context import DecodeTrack, TaiChiContext
 from pdserve.types import KV_BLOCK_TOKENS, blocks_for
 
@@ -51,8 +56,7 @@ class FlowingDecode:
             else:
                 targets = [i for i in board.decode_candidates if layout.is_p_heavy(i)]
                 if targets:
-                    chosen = self.degrade_set(tracks, view.instances[instance].used_blocks,
-                                              view.instances[instance].total_blocks)
+                    chosen = self.degrade_set(tracks, view.instances[instance])
                     actions += self._send(chosen, instance, targets, view, extra_blocks,
                                           False)
         return actions
@@ -62,18 +66,20 @@ class FlowingDecode:
         limit_s = self.context.settings.alpha * self.context.slo.tpot_s
         return [t for t in tracks if t.tpot_since_reset_s() > limit_s]
 
-    def degrade_set(self, tracks: list[DecodeTrack], used_blocks: int,
-                    total_blocks: int) -> list[DecodeTrack]:
-        """Alg. 1 lines 5-11: the longest outputs until memory use is at most M."""
+    def degrade_set(self, tracks: list[DecodeTrack], load: InstanceLoad) -> list[DecodeTrack]:
+        """Alg. 1 lines 5-11: the longest outputs until use is at most M."""
         watermark = self.context.settings.watermark
-        release = 0
+        block_limit = watermark * load.total_blocks
+        slot_limit = watermark * self.context.max_batch_size
+        blocks, slots = load.used_blocks, load.running_decodes + load.decode_queue_len
         chosen: list[DecodeTrack] = []
         ordered = sorted(tracks, key=lambda t: (-t.output_since_reset, t.request.request_id))
         for track in ordered:
-            if (used_blocks - release) <= watermark * total_blocks:
+            if blocks <= block_limit and slots <= slot_limit:
                 break
             chosen.append(track)
-            release += blocks_for(track.request.sequence_tokens)
+            blocks -= blocks_for(track.request.sequence_tokens)
+            slots -= 1
         return chosen
 
     def _send(self, chosen: list[DecodeTrack], source: int, targets: list[int],
@@ -106,7 +112,9 @@ class FlowingDecode:
                 self.degradations += 1
                 load = view.instances[source]
                 reason = (f"taichi alg1 degrade: D-heavy {source} KV use "
-                          f"{load.used_blocks / load.total_blocks:.1%} > M "
+                          f"{load.used_blocks / load.total_blocks:.1%}, batch "
+                          f"{load.running_decodes + load.decode_queue_len}/"
+                          f"{self.context.max_batch_size} > M "
                           f"{self.context.settings.watermark:.0%}; longest output "
                           f"({track.output_since_reset} tokens, "
                           f"{request.sequence_tokens // KV_BLOCK_TOKENS} blocks) -> "

@@ -40,10 +40,10 @@ class TaiChiRoles:
 
 
 def build_taichi(perf: PerfModel, slo: SLO, p_heavy: int, d_heavy: int,
-                 settings: TaiChiSettings) -> tuple[Policy, int]:
+                 settings: TaiChiSettings, max_batch_size: int = 256) -> tuple[Policy, int]:
     """The policy for R_PD = p_heavy : d_heavy and the other sliders in `settings`."""
     layout = TaiChiLayout.of(p_heavy, d_heavy, settings)
-    context = TaiChiContext(layout, settings, slo, perf)
+    context = TaiChiContext(layout, settings, slo, perf, max_batch_size)
     policy = Policy(name="taichi", prefill_router=TaiChiPrefillRouter(context),
                     decode_router=TaiChiDecodeRouter(context), role_manager=TaiChiRoles(layout),
                     rebalancer=FlowingDecode(context),

@@ -7,7 +7,10 @@ For each instance that takes prefills, the estimated TTFT of the new request is
      link, from the view's topology, else the perf model's link),
 with Q and E from the performance model for the instance's chunk size and its current
 batch: each step runs `chunk - decodes` prefill tokens next to the running decodes, so a
-prefill of n tokens takes ceil(n / (chunk - decodes)) mixed steps. An instance is feasible
+prefill of n tokens takes ceil(n / (chunk - decodes)) mixed steps. An instance whose batch
+has no sequence slot left for the request (running and incoming decodes plus queued
+prefills at the batch-size cap) cannot start it before a decode ends: pdserve counts it
+infeasible (the paper's `i.batch` term, made explicit). An instance is feasible
 when Q + E + T < the TTFT SLO (line 6); the request goes to the feasible instance with the
 fewest queued prefill tokens (line 11), which is typically a slow D-heavy one for a short
 request, keeping P-heavy instances for long ones.
@@ -71,6 +74,9 @@ class TaiChiPrefillRouter:
         context, load = self.context, view.instances[instance_id]
         chunk = context.layout.chunk_sizes_tokens[instance_id]
         n = request.input_tokens
+        if load.running_decodes + load.decode_queue_len + load.prefill_queue_len \
+                >= context.max_batch_size:
+            return 0.0, math.inf, 0.0  # no batch slot for it
         queued = prefill_time_s(context.perf, chunk, load, load.prefill_queue_tokens,
                                 load.prefill_queue_attn_units)
         total = prefill_time_s(context.perf, chunk, load, load.prefill_queue_tokens + n,
