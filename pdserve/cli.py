@@ -1,4 +1,4 @@
-"""Command line: `pdserve simulate | profile | serve | bench`."""
+"""Command line: `pdserve simulate | profile | serve | bench | plan`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pdserve.bench.traces import SHIPPED_TRACES
 from pdserve.cluster.topology import NETWORK_LINKS
 from pdserve.config import SimConfig
 from pdserve.perf.specs import GPUS, MODELS
+from pdserve.planning.cli import add_plan_parser
 from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
 from pdserve.policies.taichi.settings import add_taichi_arguments, settings_from_fields
 
@@ -355,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     _profile_parser(sub)
     _serve_parser(sub)
     _bench_parser(sub)
+    add_plan_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
