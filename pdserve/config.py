@@ -59,7 +59,7 @@ class SimConfig:
     arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
     arrow_monitor_cooldown_s: float = 5.0  # between two flips of Arrow's monitor rules
     # taichi's sliders (R_PD is prefill : decode) and algorithm knobs (policies/taichi/)
-    taichi_chunk_p_tokens: int = 1024  # S_P
+    taichi_chunk_p_tokens: int = 2048  # S_P (search-chosen default; R_PD 1:3 suggested)
     taichi_chunk_d_tokens: int = 512  # S_D; 0: D-heavy instances take no prefill tokens
     taichi_watermark: float = 0.95  # M
     taichi_alpha: float = 0.96

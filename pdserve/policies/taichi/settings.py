@@ -24,6 +24,10 @@ are settings of the same code path:
                        and nothing can flow to P-heavy. Reproduces `static-pd` exactly.
   hybrid               S_P > S_D > 0: both kinds run mixed batches; Alg. 1 and Alg. 2 shift
                        latency between requests.
+
+Defaults: S_P = 2048 and S_D = 512, the best setting of `pdserve plan --policy taichi` on
+the chat SLO1 setup (Qwen2.5-14B, 4 x A100, ShareGPT, TTFT 3 s, TPOT 110 ms) with R_PD = 1:3
+(`--prefill 1 --decode 3`); docs/results/taichi.md has the search and the comparison.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ class InstanceKind(enum.Enum):
 class TaiChiSettings:
     """The sliders besides R_PD, and the knobs of Alg. 1 and Alg. 2 (paper defaults)."""
 
-    chunk_p_tokens: int = 1024  # S_P (the paper's SLO1 chat setting)
+    chunk_p_tokens: int = 2048  # S_P (chosen by the slider search, docs/results/taichi.md)
     chunk_d_tokens: int = 512  # S_D; 0: D-heavy instances take no prefill tokens
     watermark: float = 0.95  # M: D-heavy KV use above which Alg. 1 degrades decodes
     alpha: float = 0.96  # approaching factor: backflow once TPOT > alpha x TPOT SLO
@@ -115,7 +119,7 @@ class TaiChiLayout:
 def add_taichi_arguments(parser: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
     """`--taichi-*` flags; each lands on the field named like it (`taichi_chunk_p_tokens`)."""
     parser.add_argument("--taichi-chunk-p", dest="taichi_chunk_p_tokens", type=int,
-                        help="taichi S_P: P-heavy chunk size, tokens [1024]")
+                        help="taichi S_P: P-heavy chunk size, tokens [2048]")
     parser.add_argument("--taichi-chunk-d", dest="taichi_chunk_d_tokens", type=int,
                         help="taichi S_D: D-heavy chunk size, tokens; 0 = no prefill [512] "
                         "(R_PD is --prefill : --decode)")
