@@ -3,8 +3,11 @@ S_P == S_D is `colocated`, S_D == 0 is `static-pd` (TaiChi sec. 3.1), on a fixed
 
 from __future__ import annotations
 
+import pytest
+
 from pdserve.config import SimConfig
 from pdserve.sim.runner import Experiment
+from pdserve.types import SLO
 
 
 def outcomes(config: SimConfig) -> list[tuple]:
@@ -45,3 +48,26 @@ def test_hybrid_setting_differs_and_moves_decodes():
     assert decode_on <= {2, 3}  # no pressure: every decode stays on a D-heavy instance
     assert {r.prefill_instance for r in result.requests} == {0, 1, 2, 3}
     assert any(r.cobatched_prefill_tokens > 0 for r in result.requests)
+
+
+def test_interference_intensity_separates_aggregation_from_disaggregation(tmp_path):
+    from pdserve.bench.report import write_requests_csv
+
+    def run(config: SimConfig):
+        experiment = Experiment.from_config(config)
+        result = experiment.simulate()
+        return result, experiment.summarize(result)
+
+    _, static = run(BASE.replaced(policy="static-pd", prefill=2, decode=2))
+    _, colocated = run(BASE.replaced(policy="colocated", instances=4, chunk_size_tokens=512))
+    hybrid_result, hybrid = run(BASE.replaced(policy="taichi", prefill=2, decode=2,
+                                              taichi_chunk_p_tokens=1024,
+                                              taichi_chunk_d_tokens=256))
+    assert static.interference_intensity.mean == 0  # decode instances run no prefill
+    assert colocated.interference_intensity.mean > hybrid.interference_intensity.mean > 0
+    write_requests_csv(tmp_path / "r.csv", hybrid_result.requests, SLO(3.0, 0.11))
+    header, first = (tmp_path / "r.csv").read_text().splitlines()[:2]
+    column = header.split(",").index("interference_intensity")
+    request = hybrid_result.requests[0]
+    assert float(first.split(",")[column]) == pytest.approx(
+        request.cobatched_prefill_tokens / request.generated_tokens, abs=1e-4)
