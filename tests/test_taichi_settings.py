@@ -71,3 +71,21 @@ def test_interference_intensity_separates_aggregation_from_disaggregation(tmp_pa
     request = hybrid_result.requests[0]
     assert float(first.split(",")[column]) == pytest.approx(
         request.cobatched_prefill_tokens / request.generated_tokens, abs=1e-4)
+
+
+def test_simulate_command_takes_the_sliders(capsys, tmp_path):
+    from pdserve.cli import main
+
+    code = main(["simulate", "--policy", "taichi", "--prefill", "1", "--decode", "3",
+                 "--taichi-chunk-p", "1024", "--taichi-chunk-d", "128",
+                 "--taichi-no-feasible", "reject", "--trace", "synthetic",
+                 "--synthetic-requests", "100", "--synthetic-lengths", "table:sharegpt",
+                 "--model", "qwen2.5-14b", "--gpu", "a100", "--no-progress",
+                 "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and "policy taichi" in out and "interference (TaiChi)" in out
+    config = (tmp_path / "config.yaml").read_text()
+    assert "taichi_chunk_d_tokens: 128" in config and "taichi_no_feasible: reject" in config
+    assert main(["simulate", "--policy", "taichi", "--taichi-chunk-p", "128",
+                 "--taichi-chunk-d", "512", "--trace", "synthetic"]) == 2
+    assert "chunk_d_tokens (S_D=512) must not exceed" in capsys.readouterr().err
