@@ -25,7 +25,8 @@ script near a quarter of an hour on 2 shared cores; `--requests` overrides); goo
 searched to `--tolerance` (default 4 %). Short runs favour every system (queues have less
 time to build): goodputs fall by ~10-30 % from 600 to 1500 chat requests.
 
-    python bench/taichi_repro.py --out docs/results/taichi.json
+    python bench/taichi_repro.py --out docs/results/taichi/taichi_repro.json
+    python bench/taichi_repro.py --defaults-check    # taichi's defaults vs colocated
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from pdserve.config import SimConfig
@@ -133,6 +135,33 @@ def breakdown(requests: int, rate_rps: float) -> list[tuple[str, float, float, f
     return rows
 
 
+def _defaults_job(job: tuple[int, str, dict]) -> tuple[int, str, float]:
+    seed, label, changes = job
+    base = base_config("qwen2.5-14b", "chat", 1, 1500, 0.03).replaced(seed=seed,
+                                                                      synthetic_rate_rps=40.0)
+    return seed, label, Experiment.from_config(base.replaced(**changes)).goodput().rate_rps
+
+
+def defaults_check(processes: int) -> list[tuple[int, str, float]]:
+    """Out of the box on chat SLO1 (14B, 1500 requests, two seeds): taichi's default
+    sliders next to colocated at its default and its best chunk, and the paper's sliders."""
+    systems = [
+        ("colocated, default chunk 2048", dict(policy="colocated", instances=4,
+                                               chunk_size_tokens=2048)),
+        ("colocated, chunk 512 (best)", dict(policy="colocated", instances=4,
+                                             chunk_size_tokens=512)),
+        ("taichi defaults, R_PD 1:3", dict(policy="taichi", prefill=1, decode=3,
+                                           taichi_chunk_p_tokens=2048,
+                                           taichi_chunk_d_tokens=512)),
+        ("taichi paper, 2 x 1024 + 2 x 512", dict(policy="taichi", prefill=2, decode=2,
+                                                  taichi_chunk_p_tokens=1024,
+                                                  taichi_chunk_d_tokens=512)),
+    ]
+    jobs = [(seed, label, changes) for seed in (1, 2) for label, changes in systems]
+    with ProcessPoolExecutor(processes) as pool:
+        return list(pool.map(_defaults_job, jobs))
+
+
 def _gain(a: float, b: float) -> str:
     return f"{(a / b - 1) * 100:+.0f}%" if b > 0 else "n/a"
 
@@ -146,7 +175,13 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=240.0, help="per setup, seconds")
     parser.add_argument("--only", default="", help="comma-separated model:workload:slo")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--defaults-check", action="store_true",
+                        help="only compare taichi's default sliders with colocated (chat SLO1)")
     args = parser.parse_args()
+    if args.defaults_check:
+        for seed, label, goodput in defaults_check(args.processes):
+            print(f"seed {seed}  {label:<34} goodput {goodput:6.2f} req/s", flush=True)
+        return
     setups = [(m, w, s) for m in MODELS for w in WORKLOADS for s in (1, 2)
               if not (w == "summ-long" and m != "qwen2.5-14b")]
     if args.only:
