@@ -232,3 +232,23 @@ def test_no_flowing_in_aggregation_or_disaggregation_settings():
         for i in range(4):
             set_load(view, i, used_blocks=999)
         assert scheduler.handle(Tick(), view) == []
+
+
+def test_a_full_batch_counts_against_the_watermark_and_feasibility():
+    scheduler, view = cluster(1, 1, watermark=0.95, chunk_p_tokens=2048, chunk_d_tokens=512)
+    for rid, generated in ((1, 30), (2, 300)):
+        decode_on(scheduler, view, rid, prefill_on=1, generated=generated, input_tokens=100)
+    # little KV in use, but 244 of 256 batch slots taken (> 0.95 x 256 = 243.2): the
+    # longest output leaves, one is enough
+    set_load(view, 1, used_blocks=100, running_decodes=244)
+    [move] = scheduler.handle(Tick(), view)
+    assert (move.request.request_id, move.target_id) == (2, 0)
+    assert "batch 244/256" in move.reason
+    # Alg. 2: no free slot on the D-heavy instance makes it infeasible despite no queue
+    set_load(view, 1, running_decodes=256)
+    set_load(view, 0, **queued(3000))
+    router = scheduler.policy.prefill_router
+    assert sum(router.estimate_s(Request(9, 0.0, 50, 5), 1, view, scheduler.board)) \
+        == float("inf")
+    [dispatch] = arrive(scheduler, view, 50)
+    assert dispatch.instance_id == 0
