@@ -1,4 +1,4 @@
-"""Command line: `pdserve simulate | profile | serve | bench`."""
+"""Command line: `pdserve simulate | profile | serve | bench | plan`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from pdserve.cluster.hardware import instances_arg
 from pdserve.cluster.topology import NETWORK_LINKS
 from pdserve.config import SimConfig
 from pdserve.perf.specs import GPUS, MODELS
+from pdserve.planning.cli import add_plan_parser
 from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
+from pdserve.policies.taichi.settings import add_taichi_arguments, settings_from_fields
 
 # flag -> SimConfig field, for flags whose name differs from the field
 _FIELD_OF = {"ttft_slo": "ttft_slo_s", "tpot_slo": "tpot_slo_s", "start": "start_s",
@@ -48,7 +50,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--synthetic-cv", type=float, help="gamma arrivals' coefficient of "
                    "variation [1]")
     w.add_argument("--synthetic-lengths", help="fixed:IN:OUT | table:arxiv-lengths | "
-                   "uniform:LO-HI:LO-HI | lognormal:MEAN_IN:MEAN_OUT:SIGMA [fixed:512:128]")
+                   "uniform:LO-HI:LO-HI | lognormal:MEAN_IN:MEAN_OUT:SIGMA; tables: arxiv-lengths, "
+                   "arxiv-long, sharegpt, sharegpt-first [fixed:512:128]")
     w.add_argument("--seed", type=int, help="seed of synthetic workloads [0]")
     c = p.add_argument_group("cluster and policy")
     c.add_argument("--policy", choices=list(PRESETS), help="policy preset [static-pd]")
@@ -89,6 +92,7 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
                    ", custom:GBPS:US_PER_CALL) [rdma-200g]")
     c.add_argument("--monitor-interval", type=float, help="monitor tick, seconds [1]")
     c.add_argument("--monitor-window", type=float, help="monitor statistics window, seconds [5]")
+    add_taichi_arguments(c)
     s = p.add_argument_group("SLOs and output")
     s.add_argument("--ttft-slo", type=float, help="TTFT target, seconds [2]")
     s.add_argument("--tpot-slo", type=float, help="TPOT target, seconds [0.15]")
@@ -261,6 +265,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tpot-slo", type=float, default=0.2, help="seconds [0.2]")
     p.add_argument("--perf-model", default="", help="a `pdserve profile` file (default: a "
                    "quick profile at start)")
+    add_taichi_arguments(p)
     p.set_defaults(handler=_run_serve)
 
 
@@ -283,7 +288,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model,
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
         chat_template=args.chat_template, max_body_bytes=args.max_body_bytes,
-        prefix_block_tokens=args.prefix_block_tokens)
+        prefix_block_tokens=args.prefix_block_tokens,
+        taichi=settings_from_fields(args))
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pdserve").setLevel(args.log_level.upper())
     # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)
@@ -383,8 +389,6 @@ def main(argv: list[str] | None = None) -> int:
     _profile_parser(sub)
     _serve_parser(sub)
     _bench_parser(sub)
-    from pdserve.planning.cli import add_plan_parser
-
     add_plan_parser(sub)
     args = parser.parse_args(argv)
     try:

@@ -18,6 +18,7 @@ import yaml
 
 from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, network_link
+from pdserve.policies.taichi.settings import TaiChiSettings, settings_from_fields
 
 
 @dataclass
@@ -67,6 +68,14 @@ class SimConfig:
     monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
     arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
     arrow_monitor_cooldown_s: float = 5.0  # between two flips of Arrow's monitor rules
+    # taichi's sliders (R_PD is prefill : decode) and algorithm knobs (policies/taichi/)
+    taichi_chunk_p_tokens: int = 2048  # S_P (search-chosen default; R_PD 1:3 suggested)
+    taichi_chunk_d_tokens: int = 512  # S_D; 0: D-heavy instances take no prefill tokens
+    taichi_watermark: float = 0.95  # M
+    taichi_alpha: float = 0.96
+    taichi_no_feasible: str = "random"  # random | least-loaded | reject
+    taichi_flowing_decode: bool = True  # Alg. 1 (ablation switch)
+    taichi_length_aware_prefill: bool = True  # Alg. 2 (ablation switch)
     # SLOs and goodput
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.15
@@ -127,9 +136,16 @@ class SimConfig:
                              f"{self.prefix_block_tokens}")
         if self.tp < 0:
             raise ValueError(f"config field 'tp' must not be negative, got {self.tp}")
+        try:
+            self.taichi_settings()
+        except ValueError as err:
+            raise ValueError(f"config field taichi_*: {err}") from None
         if not 0 < self.goodput_target <= 1:
             raise ValueError(f"config field 'goodput_target' must be in (0, 1], got "
                              f"{self.goodput_target}")
+
+    def taichi_settings(self) -> TaiChiSettings:
+        return settings_from_fields(self)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> SimConfig:

@@ -100,6 +100,7 @@ class Request:
     # cache (`instance.prefix_cache`); counted in kv_blocks, owned by the cache
     admit_seq: int = 0  # admission order on its instance (newest is preempted first)
     preemptions: int = 0
+    cobatched_prefill_tokens: int = 0  # prefill tokens in the batches of its decode steps
     # --- outcome, written by the driver ---
     first_token_s: float = math.nan
     finish_s: float = math.nan

@@ -19,6 +19,9 @@ prefill ends, wherever it then decodes.
          TTFT, not here); its percentiles are over requests. Per-gap percentiles would need
          every token's time, which the simulator does not keep.
   E2E    last token time - arrival time (FlowKV)
+  interference intensity (TaiChi sec. 2.3.1) prefill tokens co-batched with a request's
+         decode steps / its output tokens: how much prefill work slowed its decode. Counted
+         by the local scheduler; the live driver's records do not carry it (workers keep it).
   SLO attainment   fraction of all requests (rejected and unfinished ones included, as
                    misses) that meet both the TTFT and the TPOT target
   goodput (ARES)   SLO-meeting requests per second at the run's rate (over the throughput
@@ -74,6 +77,12 @@ def tpot_from_decode_s(request: Request) -> float:
     return (request.finish_s - first) / gaps if gaps > 0 else 0.0
 
 
+def interference_intensity(request: Request) -> float:
+    """TaiChi's interference intensity: co-batched prefill tokens per output token."""
+    n = output_count(request)
+    return request.cobatched_prefill_tokens / n if n else 0.0
+
+
 def meets_slo(request: Request, slo: SLO) -> bool:
     return request.finished and ttft_s(request) <= slo.ttft_s and tpot_s(request) <= slo.tpot_s
 
@@ -116,6 +125,7 @@ class Summary:
     itl_max_s: Percentiles  # AMPD: each request's widest gap
     goodput_rps: float  # ARES: SLO-meeting requests per second at this rate
     total_tokens_per_s: float  # FlowKV: input + output tokens of completed requests
+    interference_intensity: Percentiles  # TaiChi: co-batched prefill tokens / output tokens
 
 
 def summarize(requests: Sequence[Request], slo: SLO) -> Summary:
@@ -162,4 +172,6 @@ def summarize(requests: Sequence[Request], slo: SLO) -> Summary:
         itl_mean_s=gap_time / gaps if gaps else math.nan,
         itl_max_s=Percentiles.of(itl_max),
         goodput_rps=per_s(met),
-        total_tokens_per_s=per_s(in_tokens + out_tokens))
+        total_tokens_per_s=per_s(in_tokens + out_tokens),
+        interference_intensity=Percentiles.of(
+            np.array([interference_intensity(r) for r in done])))

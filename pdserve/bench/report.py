@@ -17,6 +17,7 @@ from pdserve.bench.goodput import GoodputResult
 from pdserve.bench.metrics import (
     Summary,
     e2e_s,
+    interference_intensity,
     tpot_from_decode_s,
     tpot_s,
     ttft_s,
@@ -42,6 +43,8 @@ METRIC_DEFINITIONS: dict[str, str] = {
                       "FlowKV)",
     "output_tokens_per_s": "output tokens of completed requests per second (FlowKV)",
     "total_tokens_per_s": "input + output tokens of completed requests per second (FlowKV)",
+    "interference_intensity": "prefill tokens co-batched with a request's decode steps / its "
+                              "output tokens, over completed requests (TaiChi)",
 }
 
 
@@ -54,7 +57,8 @@ def format_summary(summary: Summary, slo: SLO, title: str = "") -> str:
                         ("E2E s (FlowKV)", summary.e2e_s),
                         ("TTFT+decode queue s (TaiChi)", summary.ttft_with_decode_queue_s),
                         ("TPOT on decode s (TaiChi)", summary.tpot_from_decode_s),
-                        ("max ITL s (AMPD)", summary.itl_max_s)):
+                        ("max ITL s (AMPD)", summary.itl_max_s),
+                        ("interference (TaiChi)", summary.interference_intensity)):
         lines.append(f"{name:<30}{stats.mean:>10.4f}{stats.p50:>10.4f}{stats.p90:>10.4f}"
                      f"{stats.p99:>10.4f}")
     lines.append(f"mean ITL over all token gaps (AMPD): {summary.itl_mean_s:.4f} s")
@@ -116,7 +120,7 @@ def write_requests_csv(path: Path, requests: Sequence[Request], slo: SLO) -> Non
                          "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "slo_met",
                          "prefill_instance", "decode_instance", "transfer_s", "preemptions",
                          "rejected_reason", "ttft_with_decode_queue_s", "tpot_from_decode_s",
-                         "max_itl_s"])
+                         "max_itl_s", "interference_intensity"])
         for r in requests:
             done = r.finished
             writer.writerow([
@@ -129,4 +133,5 @@ def write_requests_csv(path: Path, requests: Sequence[Request], slo: SLO) -> Non
                 r.rejected_reason,
                 f"{ttft_with_decode_queue_s(r):.6f}" if done else "",
                 f"{tpot_from_decode_s(r):.6f}" if done else "",
-                f"{r.max_itl_s:.6f}" if done else ""])
+                f"{r.max_itl_s:.6f}" if done else "",
+                f"{interference_intensity(r):.4f}" if done else ""])

@@ -7,6 +7,8 @@ Shipped (see pdserve/data/ATTRIBUTION.md for sources and licences):
                              (Apache-2.0; Mooncake, FAST'25)
   arxiv-lengths              arXiv summarization (input, output) lengths, no arrivals
                              (from Vidur, MIT) -- a length table for synthetic workloads
+  sharegpt, sharegpt-first, arxiv-long   length tables derived from shipped data
+                             (`bench/length_tables.py`: ShareGPT rounds, Apache-2.0)
 Formats read from a path, recognised by their header:
   pdserve CSV     arrival_s,input_tokens,output_tokens[,session_id,round][,hash_ids]
   Azure CSV       TIMESTAMP,ContextTokens,GeneratedTokens
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pdserve.bench.length_tables import DERIVED_LENGTH_TABLES
 from pdserve.bench.workload import Workload
 
 SHIPPED_TRACES: dict[str, str] = {
@@ -42,12 +45,12 @@ def load_trace(name_or_path: str) -> Workload:
     """A shipped trace by short name, or a trace file in any supported format."""
     if name_or_path in SHIPPED_TRACES:
         return _read_csv(_shipped_path(SHIPPED_TRACES[name_or_path]), name_or_path)
-    if name_or_path in SHIPPED_LENGTH_TABLES:
+    if name_or_path in SHIPPED_LENGTH_TABLES or name_or_path in DERIVED_LENGTH_TABLES:
         raise ValueError(f"{name_or_path!r} is a length table without arrival times; use it "
                          f"for a synthetic workload (lengths 'table:{name_or_path}')")
     path = Path(name_or_path)
     if not path.is_file():
-        known = ", ".join([*SHIPPED_TRACES, *SHIPPED_LENGTH_TABLES])
+        known = ", ".join([*SHIPPED_TRACES, *SHIPPED_LENGTH_TABLES, *DERIVED_LENGTH_TABLES])
         raise ValueError(f"trace {name_or_path!r} is neither a shipped trace ({known}) "
                          f"nor a file")
     if path.suffix in (".jsonl", ".json"):
@@ -57,6 +60,8 @@ def load_trace(name_or_path: str) -> Workload:
 
 def load_length_table(name_or_path: str) -> tuple[np.ndarray, np.ndarray]:
     """(input_tokens, output_tokens) columns of a length table or of any trace."""
+    if name_or_path in DERIVED_LENGTH_TABLES:
+        return DERIVED_LENGTH_TABLES[name_or_path]()
     if name_or_path in SHIPPED_LENGTH_TABLES:
         path = _shipped_path(SHIPPED_LENGTH_TABLES[name_or_path])
     elif name_or_path in SHIPPED_TRACES:

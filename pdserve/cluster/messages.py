@@ -74,8 +74,12 @@ class DispatchDecode:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
+    """`overloaded`: refused for load, not for the request itself (early rejection; the
+    live server answers 429, retry later)."""
+
     request: Request
     reason: str
+    overloaded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +111,13 @@ class SetPhasePriority:
 class Migrate:
     """Move a running decode and its KV from `source_id` to `target_id`: it leaves the
     source's batch at the next step boundary and continues on the target with no gap and no
-    repeated token. Ignored if the request is not decoding on the source by then."""
+    repeated token. Ignored if the request is not decoding on the source by then.
+    `reason` says which rule decided it."""
 
     request: Request
     source_id: int
     target_id: int
+    reason: str = field(default="", compare=False)
 
 
 Action = (DispatchPrefill | DispatchDecode | Reject | SetRole | SetChunkSize | Migrate

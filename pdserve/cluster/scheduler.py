@@ -30,10 +30,11 @@ from pdserve.cluster.messages import (
     InstanceRecovered,
     PrefillDone,
     Reject,
+    SetChunkSize,
     Tick,
 )
 from pdserve.cluster.roles import RoleBoard
-from pdserve.policies.base import Policy
+from pdserve.policies.base import Policy, RejectRequest
 from pdserve.types import KV_BLOCK_TOKENS, Request, Role, blocks_for
 
 
@@ -51,6 +52,11 @@ class GlobalScheduler:
             InstanceRecovered: self._on_recovered,
         }
 
+    def initial_actions(self) -> list[Action]:
+        """What drivers apply before the first event: the policy's per-instance chunk sizes."""
+        return [SetChunkSize(i, chunk) for i, chunk in enumerate(self.policy.chunk_sizes_tokens)
+                if chunk > 0]
+
     @property
     def roles(self) -> list[Role]:
         return self.board.roles
@@ -65,7 +71,10 @@ class GlobalScheduler:
         reason = self._admission_error(request, view)
         if reason:
             return [Reject(request, reason)]
-        instance = self.policy.prefill_router.route(request, view, self.board)
+        try:
+            instance = self.policy.prefill_router.route(request, view, self.board)
+        except RejectRequest as refusal:
+            return [Reject(request, refusal.reason, overloaded=True)]
         if not self._serves(instance, prefill=True):
             instance = min(self.board.prefill_candidates,
                            key=lambda i: view.instances[i].prefill_queue_tokens)
@@ -121,4 +130,6 @@ class GlobalScheduler:
         self.board.mark_recovered(event.instance_id)
         self.coverage.on_recovered(event.instance_id, view, self.board)
         self.coverage.ensure(view, self.board, f"instance {event.instance_id} recovered")
-        return []
+        # a restarted instance starts with the driver's chunk size: give it its own again
+        return [a for a in self.initial_actions()
+                if isinstance(a, SetChunkSize) and a.instance_id == event.instance_id]

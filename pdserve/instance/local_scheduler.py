@@ -395,8 +395,10 @@ class LocalScheduler:
         if plan.decodes:
             self.decode_steps_total += steps
             self.decode_busy_s_total += duration_s
+        cobatched = plan.prefill_tokens  # TaiChi's interference (prefills are one step)
         for request in plan.decodes:
             request.generated_tokens += steps
+            request.cobatched_prefill_tokens += cobatched
             self.running_tokens += steps
             if request.generated_tokens >= request.output_tokens or \
                     request.request_id in stopped:

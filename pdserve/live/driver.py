@@ -109,6 +109,7 @@ class LiveDriver(Failover):
         self._loop = asyncio.get_running_loop()
         self.view.instances = await self.workers.start(self._on_message, self._on_exit,
                                                        self._on_ready)
+        self._apply(self.scheduler.initial_actions())  # the policy's chunk sizes
         self._tick_task = asyncio.create_task(self._ticks())
 
     async def close(self) -> None:
@@ -194,8 +195,12 @@ class LiveDriver(Failover):
                     self.metrics.count("rejections")
                     unavailable = not (self.scheduler.board.prefill_candidates
                                        and self.scheduler.board.decode_candidates)
-                    self._fail(live, action.reason, 503 if unavailable else 400,
-                               "no_instance" if unavailable else "invalid_request")
+                    if action.overloaded:  # early rejection: retry later
+                        self._fail(live, action.reason, 429, "overloaded")
+                        live.error_type = "rate_limit_error"
+                    else:
+                        self._fail(live, action.reason, 503 if unavailable else 400,
+                                   "no_instance" if unavailable else "invalid_request")
             elif isinstance(action, SetRole):
                 self.metrics.count("flips")
                 self.role_changes.append((time.time(), action.instance_id, action.role.value,
@@ -210,6 +215,10 @@ class LiveDriver(Failover):
                 self._send(action.instance_id, SetPriority(action.priority.value))
             elif isinstance(action, Migrate):
                 if action.request.request_id in self.live:
+                    if action.reason:
+                        log.info("request %d: instance %d -> %d: %s",
+                                 action.request.request_id, action.source_id,
+                                 action.target_id, action.reason)
                     self._migration_targets[action.request.request_id] = action.target_id
                     self._send(action.source_id, Detach(action.request.request_id))
             else:

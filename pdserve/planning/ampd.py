@@ -168,39 +168,26 @@ def plan(inputs: PlanInputs, jobs: int = 2, top: int = 3,
     return solve(tau_prefill, tau_decode, inputs.gpus, top)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, required=True, help="GPUs to deploy on")
-    p.add_argument("--trace", default="agent:toolbench", help="session workload: "
-                   "sharegpt-sessions, mooncake-sessions, agent:toolbench|gaia|hotpotqa|dureader "
-                   "[agent:toolbench]")
-    p.add_argument("--synthetic-requests", type=int, default=150,
-                   help="sessions simulated per replica [150]")
-    p.add_argument("--synthetic-rate", type=float, default=2.0,
-                   help="sessions started per second on the whole cluster [2]")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default="qwen3-32b", help="[qwen3-32b]")
-    p.add_argument("--gpu", default="h20", help="[h20]")
-    p.add_argument("--ttft-slo", type=float, default=0.35, help="seconds [0.35]")
-    p.add_argument("--tpot-slo", type=float, default=0.04, help="ITL SLO, seconds [0.04]")
-    p.add_argument("--jobs", type=int, default=2, help="simulation processes [2]")
-    p.add_argument("--top", type=int, default=3, help="deployments to print [3]")
-    p.add_argument("--verify", type=int, default=0, metavar="K",
-                   help="simulate the ILP's K best deployments as whole clusters under ampd "
-                        "and rank them by SLO attainment (pdserve's addition) [0: off]")
+# `pdserve plan --policy ampd` defaults for the options the planners share (planning/cli.py)
+DEFAULTS = {"trace": "agent:toolbench", "synthetic_requests": 150, "synthetic_rate": 2.0,
+            "seed": 0, "model": "qwen3-32b", "gpu": "h20", "ttft_slo": 0.35, "tpot_slo": 0.04,
+            "top": 3}
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    if args.gpus is None:
+        raise ValueError("pdserve plan --policy ampd needs --gpus (the GPUs to deploy on)")
     if args.gpus < 2:
         raise ValueError(f"--gpus must be at least 2 (one per phase), got {args.gpus}")
-    if args.jobs < 1:
-        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.processes < 1:
+        raise ValueError(f"--processes must be at least 1, got {args.processes}")
     inputs = PlanInputs(args.model, args.gpu, args.gpus, SLO(args.ttft_slo, args.tpot_slo),
                         args.trace, args.synthetic_requests, args.synthetic_rate, args.seed)
     started = time.perf_counter()
     print(f"planning {inputs.model} on {inputs.gpus} {inputs.gpu} GPUs for {inputs.workload} "
           f"at {inputs.rate_sps:g} sessions/s (TTFT SLO {inputs.slo.ttft_s:g}s, ITL SLO "
           f"{inputs.slo.tpot_s:g}s)", flush=True)
-    deployments = plan(inputs, args.jobs, max(args.top, args.verify))
+    deployments = plan(inputs, args.processes, max(args.top, args.verify))
     print(f"top {min(args.top, len(deployments))} deployments by the ILP (Z = worse phase's "
           f"p95 latency / its SLO), {time.perf_counter() - started:.1f}s:")
     for rank, deployment in enumerate(deployments[:args.top], 1):
@@ -209,7 +196,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.verify > 0:
         from pdserve.planning.ampd_verify import verify
 
-        checked = verify(inputs, deployments[:args.verify], args.jobs)
+        checked = verify(inputs, deployments[:args.verify], args.processes)
         print(f"the ILP's {len(checked)} best, simulated as whole clusters under ampd, "
               f"{time.perf_counter() - started:.1f}s:")
         for rank, (deployment, attainment) in enumerate(checked[:args.top], 1):

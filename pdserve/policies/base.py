@@ -23,6 +23,15 @@ from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.types import Request, Role
 
 
+class RejectRequest(Exception):
+    """A prefill router refuses a request for load (early rejection); the scheduler answers
+    `Reject(request, reason, overloaded=True)`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class PrefillRouter(Protocol):
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
         """Instance id for `request`'s prefill, among `board.prefill_candidates`."""
@@ -66,3 +75,4 @@ class Policy:
     rebalancer: Rebalancer = field(default_factory=NoRebalancing)
     queue_order: Callable[[], QueueOrder] = FCFSOrder
     phase_priority: PhasePriority = PhasePriority.DECODE_FIRST  # every local scheduler's
+    chunk_sizes_tokens: tuple[int, ...] = ()  # per instance; 0 or absent: the driver's

@@ -12,14 +12,17 @@
 | dynamo      | xPyD fixed    | always remote  | bound (AMPD sec. 3)| AMPD's Dynamo     |
 | continuum   | all mixed     | session affinity | in-place         | vLLM-Continuum-like |
 (`ampd-no-reorder` is ampd without Alg. 2; see policies/ampd/presets.py.)
+| taichi      | P-/D-heavy    | taichi (Alg. 2)| taichi (Alg. 1)    | TaiChi            |
 
-Any preset's routers can be swapped by name (`prefill_router`, `decode_router`).
+Any preset's routers can be swapped by name (`prefill_router`, `decode_router`), except
+taichi's, whose components share per-request state (`policies/taichi/policy.py`); its
+sliders are `PolicySetup.prefill : decode` (R_PD) and `PolicySetup.taichi`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.perf.fitted import PerfModel
@@ -37,6 +40,8 @@ from pdserve.policies.min_load import MinLoadPrefillRouter, MinRunningTokensDeco
 from pdserve.policies.round_robin import RoundRobinDecodeRouter, RoundRobinPrefillRouter
 from pdserve.policies.session_affinity import SessionAffinityPrefillRouter, SessionFirstOrder
 from pdserve.policies.static_roles import ColocatedRoles, StaticRoles
+from pdserve.policies.taichi.policy import build_taichi
+from pdserve.policies.taichi.settings import TaiChiSettings
 from pdserve.types import SLO, Role
 
 
@@ -63,6 +68,7 @@ class PolicySetup:
     reserve: int = 0  # flowkv: instances held back for elastic scaling
     flowkv: FlowKVSettings | None = None
     prefix_aware: bool = True  # flowkv: prefill routing sees prefix-cache hits
+    taichi: TaiChiSettings = field(default_factory=TaiChiSettings)
 
 
 def arrow_context(setup: PolicySetup) -> ArrowContext:
@@ -93,6 +99,7 @@ PRESETS: dict[str, Preset] = {
     "flowkv": Preset(False, True, "flowkv", "flowkv"),  # built by policies/flowkv/preset.py
     **{name: Preset(False, True, "ampd", "ampd") for name in AMPD_VARIANTS},
     "continuum": Preset(False, False, "session-affinity", "in-place"),
+    "taichi": Preset(False, True, "taichi", "taichi"),  # built by `build_taichi`
 }
 
 PREFILL_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], PrefillRouter]] = {
@@ -125,6 +132,13 @@ def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
         return build_ampd_policy(name, setup.slo, setup.prefill, setup.decode,
                                  [setup.perf])[0], setup.prefill + setup.decode
     preset = PRESETS[name]
+    if name == "taichi":
+        if setup.prefill_router or setup.decode_router:
+            raise ValueError("taichi's routers are its Algorithms 2 and 1 and cannot be "
+                             "replaced; switch them off with taichi_length_aware_prefill / "
+                             "taichi_flowing_decode")
+        return build_taichi(setup.perf, setup.slo, setup.prefill, setup.decode, setup.taichi,
+                            setup.max_batch_size)
     prefill_name = setup.prefill_router or preset.prefill_router
     decode_name = setup.decode_router or preset.decode_router
     uses_arrow = preset.elastic or "arrow" in (prefill_name, decode_name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
@@ -20,6 +20,7 @@ from pdserve.live.processes import WorkerSettings
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.taichi.settings import TaiChiSettings
 from pdserve.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
 from pdserve.types import KV_BLOCK_TOKENS, SLO
 
@@ -49,6 +50,7 @@ class ServeConfig:
     chat_template: str = ""  # a Jinja file; "": the checkpoint's own (else the generic layout)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     prefix_block_tokens: int = 16  # tokens per prefix-cache hash in the workers; 0: none
+    taichi: TaiChiSettings = field(default_factory=TaiChiSettings)  # --policy taichi
 
     def __post_init__(self) -> None:
         for name in ("instances", "prefill", "decode", "kv_cache_mib", "chunk_size_tokens",
@@ -122,7 +124,8 @@ def build_app(config: ServeConfig) -> FastAPI:
         perf, SLO(config.ttft_slo_s, config.tpot_slo_s), instances=config.instances,
         prefill=config.prefill, decode=config.decode,
         chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
-        flowkv=FlowKVSettings(prefix_block_tokens=config.prefix_block_tokens or 16)))
+        flowkv=FlowKVSettings(prefix_block_tokens=config.prefix_block_tokens or 16),
+        taichi=config.taichi))
     driver = LiveDriver(policy, count, served.require_tokenizer(), WorkerSettings(
         config.model, config.seed, kv_blocks, config.chunk_size_tokens,
         config.max_batch_size, policy.phase_priority.value, config.prefix_block_tokens),

@@ -198,6 +198,7 @@ class Simulator:
         self._rounds = SessionRounds(())
         self._session_kv = SessionKV([i.local for i in self.instances], self._rounds.stats,
                                      lambda i: self._touch(self.instances[i]))
+        self._apply(self.scheduler.initial_actions())  # the policy's chunk sizes
 
     def _clock(self) -> float:
         return self.view.now_s

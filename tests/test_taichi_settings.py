@@ -1,0 +1,91 @@
+"""TaiChi's sliders at the ends of the design space are the existing presets, exactly:
+S_P == S_D is `colocated`, S_D == 0 is `static-pd` (TaiChi sec. 3.1), on a fixed seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.config import SimConfig
+from pdserve.sim.runner import Experiment
+from pdserve.types import SLO
+
+
+def outcomes(config: SimConfig) -> list[tuple]:
+    result = Experiment.from_config(config).simulate()
+    return [(r.request_id, r.first_token_s, r.finish_s, r.prefill_instance, r.decode_instance,
+             r.preemptions, r.transfer_s) for r in result.requests]
+
+
+BASE = SimConfig(trace="synthetic", synthetic_requests=300, synthetic_rate_rps=12.0,
+                 synthetic_lengths="lognormal:900:200:1.0", seed=7, model="qwen2.5-14b",
+                 gpu="a100", ttft_slo_s=3.0, tpot_slo_s=0.11, monitor_interval_s=0.2)
+
+
+def test_aggregation_setting_is_colocated():
+    colocated = outcomes(BASE.replaced(policy="colocated", instances=4, chunk_size_tokens=512))
+    taichi = outcomes(BASE.replaced(policy="taichi", prefill=2, decode=2,
+                                    chunk_size_tokens=2048, taichi_chunk_p_tokens=512,
+                                    taichi_chunk_d_tokens=512))
+    assert taichi == colocated
+    assert len({r[3] for r in taichi}) == 4  # every instance prefilled
+
+
+def test_disaggregation_setting_is_static_pd():
+    static = outcomes(BASE.replaced(policy="static-pd", prefill=2, decode=2,
+                                    chunk_size_tokens=8192))
+    taichi = outcomes(BASE.replaced(policy="taichi", prefill=2, decode=2,
+                                    chunk_size_tokens=8192, taichi_chunk_p_tokens=8192,
+                                    taichi_chunk_d_tokens=0))
+    assert taichi == static
+    assert {r[4] for r in taichi} == {2, 3} and all(r[6] > 0 for r in taichi)
+
+
+def test_hybrid_setting_differs_and_moves_decodes():
+    result = Experiment.from_config(BASE.replaced(
+        policy="taichi", prefill=2, decode=2, taichi_chunk_p_tokens=1024,
+        taichi_chunk_d_tokens=256)).simulate()
+    decode_on = {r.decode_instance for r in result.requests}
+    assert decode_on <= {2, 3}  # no pressure: every decode stays on a D-heavy instance
+    assert {r.prefill_instance for r in result.requests} == {0, 1, 2, 3}
+    assert any(r.cobatched_prefill_tokens > 0 for r in result.requests)
+
+
+def test_interference_intensity_separates_aggregation_from_disaggregation(tmp_path):
+    from pdserve.bench.report import write_requests_csv
+
+    def run(config: SimConfig):
+        experiment = Experiment.from_config(config)
+        result = experiment.simulate()
+        return result, experiment.summarize(result)
+
+    _, static = run(BASE.replaced(policy="static-pd", prefill=2, decode=2))
+    _, colocated = run(BASE.replaced(policy="colocated", instances=4, chunk_size_tokens=512))
+    hybrid_result, hybrid = run(BASE.replaced(policy="taichi", prefill=2, decode=2,
+                                              taichi_chunk_p_tokens=1024,
+                                              taichi_chunk_d_tokens=256))
+    assert static.interference_intensity.mean == 0  # decode instances run no prefill
+    assert colocated.interference_intensity.mean > hybrid.interference_intensity.mean > 0
+    write_requests_csv(tmp_path / "r.csv", hybrid_result.requests, SLO(3.0, 0.11))
+    header, first = (tmp_path / "r.csv").read_text().splitlines()[:2]
+    column = header.split(",").index("interference_intensity")
+    request = hybrid_result.requests[0]
+    assert float(first.split(",")[column]) == pytest.approx(
+        request.cobatched_prefill_tokens / request.generated_tokens, abs=1e-4)
+
+
+def test_simulate_command_takes_the_sliders(capsys, tmp_path):
+    from pdserve.cli import main
+
+    code = main(["simulate", "--policy", "taichi", "--prefill", "1", "--decode", "3",
+                 "--taichi-chunk-p", "1024", "--taichi-chunk-d", "128",
+                 "--taichi-no-feasible", "reject", "--trace", "synthetic",
+                 "--synthetic-requests", "100", "--synthetic-lengths", "table:sharegpt",
+                 "--model", "qwen2.5-14b", "--gpu", "a100", "--no-progress",
+                 "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and "policy taichi" in out and "interference (TaiChi)" in out
+    config = (tmp_path / "config.yaml").read_text()
+    assert "taichi_chunk_d_tokens: 128" in config and "taichi_no_feasible: reject" in config
+    assert main(["simulate", "--policy", "taichi", "--taichi-chunk-p", "128",
+                 "--taichi-chunk-d", "512", "--trace", "synthetic"]) == 2
+    assert "chunk_d_tokens (S_D=512) must not exceed" in capsys.readouterr().err
