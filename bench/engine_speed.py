@@ -14,7 +14,9 @@ float32, one torch thread), against transformers on the same file's weights, in 
 4. Where the time goes: the torch profiler's top operators over ten batch-8 decode steps.
 5. Memory: proportional set size (PSS: shared pages split between the processes mapping
    them) of 1 and of 4 processes that each load the model and a 64-block engine as a worker
-   does, and of 4 that each hold a private copy of the weights (what sharing avoids).
+   does, started as `pdserve serve` starts its workers (a fork server that preloaded torch),
+   and of 4 that each hold a private copy of the weights (what sharing avoids). The fork
+   server's own PSS is added to each total (it holds pages the workers share).
 
 Times are the process's CPU time (`time.process_time`): both sides run in this one process
 on one torch thread, so on an idle machine that is their wall time, and on a shared one it
@@ -26,7 +28,6 @@ leaves out the time other processes held the core.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import random
 import statistics
 import time
@@ -38,6 +39,7 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
 from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.live.processes import worker_context
 from pdserve.types import Request
 
 STEP_PROMPT, STEP_TOKENS = 64, 16
@@ -171,16 +173,22 @@ def profile_table(model, tokenizer, rng: random.Random) -> None:
 
 
 def _resident_worker(private: bool, ready, done) -> None:
-    torch.set_num_threads(1)
-    model, tokenizer = load_model("")
+    """A real `Worker` (model, shared KV pool, local scheduler) that runs one request."""
+    from multiprocessing import Pipe
+
+    from pdserve.live.worker import Worker
+
+    _, connection = Pipe()
+    worker = Worker(0, "", 0, 64, 512, 64, connection)
+    engine = worker.engine
     if private:  # what each worker would hold without the shared file
-        for parameter in model.parameters():
+        for parameter in engine.model.parameters():
             parameter.data = parameter.data.clone()
-    engine = Engine(model, tokenizer, 64)
     engine.add(0, [5] * 32, SamplingParams(max_tokens=2))
     engine.run([], [(0, 32)])  # touch every weight once
     ready.put(None)
     done.wait(300)
+    engine.pool.close()
 
 
 def _pss_mib(pid: int) -> float:
@@ -191,8 +199,16 @@ def _pss_mib(pid: int) -> float:
     raise RuntimeError(f"no Pss for {pid}")
 
 
+def _fork_server_pid() -> int | None:
+    """The fork server's pid, if workers come from one (a private attribute of the standard
+    library's fork server; fine for a benchmark)."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
 def workers_pss_mib(count: int, private: bool) -> float:
-    context = multiprocessing.get_context("spawn")
+    context = worker_context()  # as `pdserve serve` starts its workers
     ready, done = context.Queue(), context.Event()
     workers = [context.Process(target=_resident_worker, args=(private, ready, done))
                for _ in range(count)]
@@ -201,7 +217,9 @@ def workers_pss_mib(count: int, private: bool) -> float:
     try:
         for _ in workers:
             ready.get(timeout=300)
-        return sum(_pss_mib(w.pid) for w in workers if w.pid is not None)
+        fork_server = _fork_server_pid()
+        extra = _pss_mib(fork_server) if fork_server else 0.0
+        return extra + sum(_pss_mib(w.pid) for w in workers if w.pid is not None)
     finally:
         done.set()
         for worker in workers:
@@ -212,7 +230,8 @@ def memory_table() -> None:
     one = workers_pss_mib(1, private=False)
     four = workers_pss_mib(4, private=False)
     four_private = workers_pss_mib(4, private=True)
-    print("\nmemory of worker processes (PSS, each with the model and a 64-block KV pool)")
+    print("\nmemory of worker processes (PSS; each a worker with the model and a 64-block "
+          "KV pool in shared memory, plus the fork server)")
     print(f"  1 worker: {one:.0f} MiB; 4 workers sharing the weight file: {four:.0f} MiB "
           f"({four / one:.2f}x one); 4 with private copies: {four_private:.0f} MiB "
           f"({four_private / one:.2f}x)")

@@ -1,6 +1,10 @@
 """Worker processes and their pipes, wired into an asyncio event loop, and their supervisor.
 
-Spawns one process per instance (`spawn` start method: each loads torch itself), waits for
+Starts one process per instance from a fork server that has imported torch and the worker
+code once (`worker_context`): workers start without importing torch again and share those
+pages copy-on-write, which with the shared weight file keeps N workers' memory well under N
+times one's. Each worker gets the parent's environment as it is when the worker starts
+(a fork server's own would be that of its first use). Then waits for
 every `WorkerReady`, then hands each message to `on_message` from the loop (`add_reader` on
 the pipe) and reports an exit (the process sentinel, or a broken pipe) once to `on_exit`,
 after handing over whatever the worker wrote before it died.
@@ -18,6 +22,7 @@ import asyncio
 import contextlib
 import enum
 import multiprocessing
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -56,6 +61,19 @@ ExitHandler = Callable[[int, int | None], None]  # instance, exit code
 ReadyHandler = Callable[[int, InstanceStats, str], None]  # instance, first stats, pool name
 
 
+WORKER_PRELOAD = ["pdserve.live.preload"]
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """The start method for worker processes: a fork server that preloads torch and the
+    worker code (where the platform has one), else `spawn`."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WORKER_PRELOAD)
+    return context
+
+
 class WorkerProcesses:
     def __init__(self, settings: WorkerSettings, count: int) -> None:
         self.settings = settings
@@ -63,7 +81,7 @@ class WorkerProcesses:
         self.states = [WorkerState.STARTING] * count
         self.restarts_total = 0
         self._restart_times: list[deque[float]] = [deque() for _ in range(count)]
-        self._context = multiprocessing.get_context("spawn")
+        self._context = worker_context()
         self._processes: list = [None] * count
         self._pipes: list = [None] * count
         self._pool_names: list[str] = [""] * count
@@ -85,7 +103,8 @@ class WorkerProcesses:
         process = self._context.Process(
             target=worker_main, name=f"pdserve-worker-{instance}", daemon=True,
             args=(instance, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens,
-                  s.max_batch_size, child, s.phase_priority, s.prefix_block_tokens))
+                  s.max_batch_size, child, s.phase_priority, s.prefix_block_tokens,
+                  dict(os.environ)))
         process.start()
         child.close()
         self._processes[instance], self._pipes[instance] = process, parent

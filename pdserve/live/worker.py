@@ -18,6 +18,9 @@ its load (`StatsReport`) when it changed and every `IDLE_REPORT_S`.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import os
 import time
 import traceback
@@ -67,6 +70,14 @@ from pdserve.types import Request
 IDLE_REPORT_S = 0.5  # an idle worker's load report interval (when its load changed)
 
 
+def release_freed_memory() -> None:
+    """Collect garbage and hand free heap pages back to the OS (glibc's `malloc_trim`), so
+    a worker does not keep the peak of loading as resident memory."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 class Worker:
     def __init__(self, instance_id: int, model_name: str, seed: int, num_blocks: int,
                  chunk_size_tokens: int, max_batch_size: int, connection: Connection,
@@ -78,6 +89,7 @@ class Worker:
         self.engine = Engine(model, tokenizer, num_blocks,
                              shared_name=f"pdserve-{os.getpid()}-{instance_id}")
         install_from_env(self.engine)
+        release_freed_memory()  # what resolving the model parsed and dropped
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size)
         self.local.phase_priority = parse_phase_priority(phase_priority)
         self.prefix_block_tokens = prefix_block_tokens  # 0: no prefix cache
@@ -303,7 +315,12 @@ class Worker:
 
 def worker_main(instance_id: int, model_name: str, seed: int, num_blocks: int,
                 chunk_size_tokens: int, max_batch_size: int, connection: Connection,
-                phase_priority: str = "decode-first", prefix_block_tokens: int = 0) -> None:
-    """Entry point of a worker process."""
+                phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
+                environment: dict[str, str] | None = None) -> None:
+    """Entry point of a worker process; `environment`: the starting process's, to use
+    instead of the fork server's."""
+    if environment is not None:
+        os.environ.clear()
+        os.environ.update(environment)
     Worker(instance_id, model_name, seed, num_blocks, chunk_size_tokens, max_batch_size,
            connection, phase_priority, prefix_block_tokens).serve()
