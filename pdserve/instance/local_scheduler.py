@@ -277,7 +277,8 @@ class LocalScheduler:
         needs = [-(-(r.input_tokens + r.generated_tokens) // KV_BLOCK_TOKENS) - r.kv_blocks
                  for r in running]
         total = sum(needs)
-        self._reclaim(total)
+        if total > self.free_blocks:  # only then may idle history make room
+            self._reclaim(total)
         if total <= self.free_blocks:  # the common case: every decode can grow
             if total:
                 self.free_blocks -= total
@@ -396,10 +397,12 @@ class LocalScheduler:
             self.decode_steps_total += steps
             self.decode_busy_s_total += duration_s
         cobatched = plan.prefill_tokens  # TaiChi's interference (prefills are one step)
+        if cobatched:
+            for request in plan.decodes:
+                request.cobatched_prefill_tokens += cobatched
+        self.running_tokens += steps * len(plan.decodes)
         for request in plan.decodes:
             request.generated_tokens += steps
-            request.cobatched_prefill_tokens += cobatched
-            self.running_tokens += steps
             if request.generated_tokens >= request.output_tokens or \
                     request.request_id in stopped:
                 self._finish(request, result)
