@@ -12,9 +12,13 @@ the chosen request is admitted (`PrefillQueue.peek` / `admit_head`).
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
-from pdserve.types import Request
+from pdserve.types import Request, attn_units
+
+if TYPE_CHECKING:
+    from pdserve.perf.fitted import PerfModel
 
 
 class QueueOrder(Protocol):
@@ -28,3 +32,19 @@ class FCFSOrder:
 
     def insert(self, queue: list[Request], request: Request) -> None:
         queue.append(request)
+
+
+def bind_order(order: QueueOrder, clock: Callable[[], float], perf: PerfModel) -> None:
+    """Give an order that reads the time and prefill estimates (one with `bind_instance`,
+    AMPD's Alg. 2) its instance's clock and performance model; the simulator binds its
+    simulated clock, a live worker `time.monotonic` (arrival times are the driver's
+    `time.monotonic`, the same clock on one host)."""
+    bind = getattr(order, "bind_instance", None)
+    if bind is None:
+        return
+
+    def remaining_prefill_s(request: Request) -> float:
+        tokens = request.prefill_target_tokens - request.prefilled_tokens
+        return perf.prefill.time_s(tokens, attn_units(tokens, request.prefilled_tokens))
+
+    bind(clock, remaining_prefill_s)

@@ -25,6 +25,7 @@ class AddRequest:
     resume_ids: tuple[int, ...] = ()
     session_id: int = -1  # reuse/keep the session's history KV here (AMPD sessions)
     history: HistoryRef | None = None  # copy the session's history from its decode worker
+    arrival_s: float = 0.0  # the driver's time.monotonic() at arrival (queue orders read it)
 
 
 @dataclass(frozen=True)

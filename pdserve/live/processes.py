@@ -29,9 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
+from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.instance.stats import InstanceStats
 from pdserve.live.messages import Command, ForgetPool, Shutdown, WorkerReady
 from pdserve.live.worker import worker_main
+from pdserve.perf.fitted import PerfModel
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class WorkerSettings:
     max_batch_size: int = 64
     phase_priority: str = "decode-first"  # the policy's (`instance.phase_priority`)
     prefix_block_tokens: int = 0  # tokens per prefix-cache hash; 0: no prefix cache
+    queue_order: Callable[[], QueueOrder] = FCFSOrder  # the policy's (`Policy.queue_order`)
+    perf: PerfModel | None = None  # for orders that read prefill estimates (AMPD's Alg. 2)
     start_timeout_s: float = 120.0
     max_restarts: int = 5  # per worker within restart_window_s; 0 disables restarts
     restart_window_s: float = 600.0
@@ -104,7 +108,7 @@ class WorkerProcesses:
             target=worker_main, name=f"pdserve-worker-{instance}", daemon=True,
             args=(instance, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens,
                   s.max_batch_size, child, s.phase_priority, s.prefix_block_tokens,
-                  dict(os.environ)))
+                  dict(os.environ), s.queue_order, s.perf))
         process.start()
         child.close()
         self._processes[instance], self._pipes[instance] = process, parent

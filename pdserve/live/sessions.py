@@ -98,7 +98,8 @@ class HistoryReads:
     def add_request(live: LiveRequest, history: HistoryRef | None = None) -> AddRequest:
         request = live.request
         return AddRequest(request.request_id, live.prompt_ids, live.params,
-                          tuple(live.token_ids), request.session_id, history)
+                          tuple(live.token_ids), request.session_id, history,
+                          request.arrival_s)
 
     def read_first(self, live: LiveRequest, prefill_instance: int) -> bool:
         """For a session round prefilled away from its history: ask for the history and

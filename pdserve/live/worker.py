@@ -24,6 +24,7 @@ import gc
 import os
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import torch
@@ -35,6 +36,7 @@ from pdserve.engine.transfer import attach_pool
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.instance.prefix_cache import PrefixCache, chain_hashes
+from pdserve.instance.queue_order import FCFSOrder, QueueOrder, bind_order
 from pdserve.instance.stats import InstanceStats
 from pdserve.live.batch_guard import describe, run_guarded
 from pdserve.live.faults import install_from_env
@@ -64,6 +66,7 @@ from pdserve.live.messages import (
     WorkerReady,
 )
 from pdserve.live.worker_sessions import WorkerSessions
+from pdserve.perf.fitted import PerfModel
 from pdserve.perf.step_log import StepLog
 from pdserve.types import Request
 
@@ -81,7 +84,11 @@ def release_freed_memory() -> None:
 class Worker:
     def __init__(self, instance_id: int, model_name: str, seed: int, num_blocks: int,
                  chunk_size_tokens: int, max_batch_size: int, connection: Connection,
-                 phase_priority: str = "decode-first", prefix_block_tokens: int = 0) -> None:
+                 phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
+                 queue_order: Callable[[], QueueOrder] = FCFSOrder,
+                 perf: PerfModel | None = None) -> None:
+        """`queue_order`: the policy's prefill queue order; one that reads the time and
+        prefill estimates (AMPD's Alg. 2) gets `time.monotonic` and `perf`."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.connection = connection
@@ -90,7 +97,10 @@ class Worker:
                              shared_name=f"pdserve-{os.getpid()}-{instance_id}")
         install_from_env(self.engine)
         release_freed_memory()  # what resolving the model parsed and dropped
-        self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size)
+        self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size,
+                                    queue_order())
+        if perf is not None:
+            bind_order(self.local.prefills.order, time.monotonic, perf)
         self.local.phase_priority = parse_phase_priority(phase_priority)
         self.prefix_block_tokens = prefix_block_tokens  # 0: no prefix cache
         if prefix_block_tokens:
@@ -177,7 +187,8 @@ class Worker:
             # longer prompt and what is left of max_tokens, so the first prefill still hands
             # off, and the engine's sequence counts the resumed tokens as generated
             resumed, session = len(command.resume_ids), command.session_id
-            request = Request(command.request_id, 0.0, len(command.prompt_ids) + resumed,
+            request = Request(command.request_id, command.arrival_s,
+                              len(command.prompt_ids) + resumed,
                               command.params.max_tokens - resumed, hash_ids=chain_hashes(
                                   command.prompt_ids, self.prefix_block_tokens)
                               if self.prefix_block_tokens else (), session_id=session,
@@ -316,11 +327,13 @@ class Worker:
 def worker_main(instance_id: int, model_name: str, seed: int, num_blocks: int,
                 chunk_size_tokens: int, max_batch_size: int, connection: Connection,
                 phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
-                environment: dict[str, str] | None = None) -> None:
+                environment: dict[str, str] | None = None,
+                queue_order: Callable[[], QueueOrder] = FCFSOrder,
+                perf: PerfModel | None = None) -> None:
     """Entry point of a worker process; `environment`: the starting process's, to use
     instead of the fork server's."""
     if environment is not None:
         os.environ.clear()
         os.environ.update(environment)
     Worker(instance_id, model_name, seed, num_blocks, chunk_size_tokens, max_batch_size,
-           connection, phase_priority, prefix_block_tokens).serve()
+           connection, phase_priority, prefix_block_tokens, queue_order, perf).serve()

@@ -128,7 +128,8 @@ def build_app(config: ServeConfig) -> FastAPI:
         taichi=config.taichi))
     driver = LiveDriver(policy, count, served.require_tokenizer(), WorkerSettings(
         config.model, config.seed, kv_blocks, config.chunk_size_tokens,
-        config.max_batch_size, policy.phase_priority.value, config.prefix_block_tokens),
+        config.max_batch_size, policy.phase_priority.value, config.prefix_block_tokens,
+        queue_order=policy.queue_order, perf=perf),
         config.monitor_interval_s, config.max_outstanding)
     return create_app(driver, ServerSettings(
         config.served_model_name or served.name, context, served.config.vocab_size,

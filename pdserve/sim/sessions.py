@@ -25,8 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pdserve.instance.local_scheduler import LocalScheduler
-from pdserve.perf.fitted import PerfModel
-from pdserve.types import Request, Role, attn_units
+from pdserve.types import Request, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,15 +35,6 @@ class HistoryRead:
 
     request: Request
     instance_id: int  # the prefill instance
-
-
-def prefill_estimate(perf: PerfModel) -> Callable[[Request], float]:
-    """An instance's estimated time for the rest of a queued request's prefill (what a
-    `QueueOrder` with `bind_instance`, AMPD's Alg. 2, reads)."""
-    def estimate(request: Request) -> float:
-        tokens = request.prefill_target_tokens - request.prefilled_tokens
-        return perf.prefill.time_s(tokens, attn_units(tokens, request.prefilled_tokens))
-    return estimate
 
 
 @dataclass

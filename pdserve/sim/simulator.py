@@ -47,6 +47,7 @@ from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.cluster.topology import Topology
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.instance.prefix_cache import PrefixCache
+from pdserve.instance.queue_order import bind_order
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
 from pdserve.sim.blocks import TRANSFER_MODES, BlockTable
@@ -57,7 +58,6 @@ from pdserve.sim.sessions import (
     SessionKV,
     SessionRounds,
     SessionStats,
-    prefill_estimate,
 )
 from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
 
@@ -176,10 +176,8 @@ class Simulator:
             if aligned:
                 instance.blocks = BlockTable(local.total_blocks, local.prefix_cache)
         self.view.instances = self.instances
-        for instance in self.instances:
-            bind = getattr(instance.local.prefills.order, "bind_instance", None)
-            if bind is not None:  # an order that reads the time and prefill estimates
-                bind(self._clock, prefill_estimate(instance.perf))
+        for instance in self.instances:  # orders that read the time and prefill estimates
+            bind_order(instance.local.prefills.order, self._clock, instance.perf)
         self._initial_roles = list(self.scheduler.roles)
         self._heap: list[tuple[float, int, int, object, int]] = []
         self._seq = 0
