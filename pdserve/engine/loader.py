@@ -23,7 +23,7 @@ from torch import nn
 from pdserve.engine.checkpoint import ModelSource, resolve_model
 from pdserve.engine.model import CausalLM, rope_inv_freq
 from pdserve.engine.tokenizer import TextTokenizer
-from pdserve.engine.weight_cache import map_weights, source_key, write_weights
+from pdserve.engine.weight_cache import cache_dir, map_weights, source_key, write_weights
 
 
 def load_model(name_or_path: str, seed: int = 0) -> tuple[CausalLM, TextTokenizer | None]:
@@ -38,7 +38,11 @@ def load_model(name_or_path: str, seed: int = 0) -> tuple[CausalLM, TextTokenize
 def prepare_weights(source: ModelSource) -> Path:
     """The shared float32 weight file of a checkpoint, written on first use."""
     files = _weight_files(source)
-    return write_weights(source_key(files), _source_tensors(source, files))
+    try:
+        return write_weights(source_key(files), _source_tensors(source, files))
+    except OSError as err:
+        raise ValueError(f"cannot write the shared weight file under {cache_dir()}: {err}; "
+                         f"set PDSERVE_CACHE_DIR to a writable directory") from err
 
 
 def _random_model(source: ModelSource, seed: int) -> CausalLM:
