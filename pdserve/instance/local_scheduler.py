@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdserve.instance.decode_span import DecodeSpans
+from pdserve.instance.load_counters import LoadCounters
 from pdserve.instance.phase_priority import PhasePriority, prefill_only_plan
 from pdserve.instance.prefill_queue import PrefillQueue
 from pdserve.instance.prefix_cache import PrefixCache, donate_prefix, release_prefix, reuse_prefix
@@ -54,7 +56,7 @@ class BatchResult:
     # emitted a token (then decode here again, or finished, also in `finished`)
 
 
-class LocalScheduler:
+class LocalScheduler(LoadCounters, DecodeSpans):
     def __init__(self, instance_id: int, total_blocks: int, chunk_size_tokens: int,
                  max_batch_size: int = 256, queue_order: QueueOrder | None = None) -> None:
         if total_blocks <= 0:
@@ -89,39 +91,6 @@ class LocalScheduler:
         self.busy_s_total = 0.0
         self.phase_priority = PhasePriority.DECODE_FIRST  # `phase_priority.py`
         self.prefix_cache: PrefixCache | None = None  # `prefix_cache.py`
-
-    # ---- InstanceLoad ----
-    @property
-    def prefill_queue_len(self) -> int:
-        return len(self.prefills)
-
-    @property
-    def prefill_queue_tokens(self) -> int:
-        return self.prefills.tokens
-
-    @property
-    def prefill_queue_attn_units(self) -> int:
-        return self.prefills.attn_units
-
-    @property
-    def decode_queue_len(self) -> int:
-        return len(self.transfer_queue) + len(self.transferring) + len(self.ready)
-
-    @property
-    def running_decodes(self) -> int:
-        return len(self.running)
-
-    @property
-    def used_blocks(self) -> int:
-        return self.total_blocks - self.free_blocks
-
-    @property
-    def prefill_running_len(self) -> int:
-        return len(self.prefills.active)
-
-    @property
-    def sending_len(self) -> int:
-        return len(self.held)
 
     # ---- work coming in ----
     def enqueue_prefill(self, request: Request) -> None:
@@ -335,54 +304,6 @@ class LocalScheduler:
         self.free_blocks -= need
         request.kv_blocks += need
         return tokens
-
-    def _reserve_span(self, decodes: list[Request], max_steps: int) -> int:
-        """Longest run of steps with an unchanged batch: no decode finishes before its last
-        step and every block it needs is free. Reserves those blocks."""
-        steps = min(max_steps, min(r.output_tokens - r.generated_tokens for r in decodes))
-        if steps <= 1:
-            return 1
-        if self._span_blocks(decodes, steps) > self.free_blocks:
-            low, high = 1, steps  # low fits (its blocks were allocated by _grow_decodes)
-            while high - low > 1:
-                mid = (low + high) // 2
-                if self._span_blocks(decodes, mid) <= self.free_blocks:
-                    low = mid
-                else:
-                    high = mid
-            steps = low
-        extra = steps - 1
-        for request in decodes:
-            blocks = -(-(request.input_tokens + request.generated_tokens + extra)
-                       // KV_BLOCK_TOKENS)
-            self.free_blocks -= blocks - request.kv_blocks
-            request.kv_blocks = blocks
-        return steps
-
-    @staticmethod
-    def _span_blocks(decodes: list[Request], steps: int) -> int:
-        """Blocks the decodes need beyond what they hold to run `steps` steps."""
-        extra = steps - 1
-        return sum(-(-(r.input_tokens + r.generated_tokens + extra) // KV_BLOCK_TOKENS)
-                   - r.kv_blocks for r in decodes)
-
-    def shrink_span(self, plan: BatchPlan, steps: int) -> None:
-        """Cut a multi-step plan to its first `steps` steps, giving back the blocks reserved
-        for the rest; the state is then what running it step by step would have reached."""
-        if not 1 <= steps <= plan.steps:
-            raise ValueError(f"steps must be in 1..{plan.steps}, got {steps}")
-        for request in plan.decodes:
-            blocks = blocks_for(request.sequence_tokens + steps - 1)
-            self.free_blocks += request.kv_blocks - blocks
-            request.kv_blocks = blocks
-        plan.steps = steps
-
-    def blocks_after(self, plan: BatchPlan, steps: int) -> int:
-        """Blocks in use once `steps` steps of `plan` have been scheduled (for a view of an
-        instance part-way through a multi-step plan)."""
-        excess = sum(r.kv_blocks - blocks_for(r.sequence_tokens + steps - 1)
-                     for r in plan.decodes)
-        return self.used_blocks - excess
 
     # ---- batch completion ----
     def complete(self, plan: BatchPlan, duration_s: float = 0.0,

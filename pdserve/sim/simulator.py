@@ -26,7 +26,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from pdserve.cluster.messages import (
     Action,
@@ -50,18 +49,19 @@ from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.instance.queue_order import bind_order
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
-from pdserve.sim.blocks import TRANSFER_MODES, BlockTable
+from pdserve.sim.blocks import BlockTable
 from pdserve.sim.instance import SimInstance
+from pdserve.sim.kv_movement import TRANSFER_DONE, KVMovement
 from pdserve.sim.links import LinkSimulator
+from pdserve.sim.records import LoadSample, RoleChange, SimResult, SimSettings
 from pdserve.sim.sessions import (
     HistoryRead,
     SessionKV,
     SessionRounds,
-    SessionStats,
 )
-from pdserve.types import KV_BLOCK_TOKENS, Request, Role, record_decode_tokens
+from pdserve.types import KV_BLOCK_TOKENS, Request, record_decode_tokens
 
-_BATCH_DONE, _TRANSFER_DONE, _TICK, _ARRIVAL = 0, 1, 2, 3
+_BATCH_DONE, _TRANSFER_DONE, _TICK, _ARRIVAL = 0, TRANSFER_DONE, 2, 3
 
 
 STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
@@ -71,77 +71,7 @@ def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
     return len(heap) == 1 and heap[0][2] == _TICK
 
 
-@dataclass
-class LoadSample:
-    """Per-instance load at one monitor tick."""
-
-    time_s: float
-    running_tokens: list[int]
-    prefill_queue_tokens: list[int]
-    memory_fraction: list[float]
-    roles: list[Role]
-
-
-@dataclass(frozen=True)
-class RoleChange:
-    time_s: float
-    instance_id: int
-    role: Role
-    reason: str = ""  # the policy rule that decided it (`SetRole.reason`)
-
-
-@dataclass
-class SimResult:
-    requests: list[Request]
-    samples: list[LoadSample] = field(default_factory=list)
-    role_changes: list[RoleChange] = field(default_factory=list)
-    end_s: float = 0.0
-    events: int = 0
-    initial_roles: list[Role] = field(default_factory=list)
-    transfer_calls: dict[int, int] = field(default_factory=dict)  # request id -> calls (sum)
-    prefix_hit_tokens: int = 0  # prompt tokens the instances' prefix caches saved computing
-    sessions: SessionStats = field(default_factory=SessionStats)
-
-    @property
-    def flips(self) -> int:
-        """Role changes that move an instance between the prefill side (P, D->P) and the
-        decode side (D, P->D); settling within a side is not a flip."""
-        sides = [role.takes_prefill for role in self.initial_roles]
-        count = 0
-        for change in self.role_changes:
-            side = change.role.takes_prefill
-            count += side != sides[change.instance_id]
-            sides[change.instance_id] = side
-        return count
-
-
-@dataclass
-class SimSettings:
-    chunk_size_tokens: int = 2048
-    max_batch_size: int = 256
-    transfer_calls: int = 1  # per hand-off, in the "fixed" transfer mode
-    monitor_interval_s: float = 1.0
-    max_span_steps: int = 1 << 20  # 1 = step by step
-    transfer_mode: str = "aligned"  # how a transfer's calls are counted (`sim.blocks`)
-    kv_layers: int = 32  # layers, for the per-block-per-layer transfer mode
-    prefix_block_tokens: int = 0  # tokens per prefix hash; 0: no prefix cache
-
-    def __post_init__(self) -> None:
-        for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps",
-                     "kv_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.prefix_block_tokens < 0 or self.prefix_block_tokens % KV_BLOCK_TOKENS:
-            raise ValueError(f"prefix_block_tokens must be a multiple of {KV_BLOCK_TOKENS} "
-                             f"(0: no prefix cache), got {self.prefix_block_tokens}")
-        if self.transfer_mode not in TRANSFER_MODES:
-            raise ValueError(f"transfer_mode must be one of {', '.join(TRANSFER_MODES)}, got "
-                             f"{self.transfer_mode!r}")
-        if not self.monitor_interval_s > 0:
-            raise ValueError(f"monitor_interval_s must be positive, got {self.monitor_interval_s}")
-
-
-class Simulator:
+class Simulator(KVMovement):
     """`perf` is one performance model for every instance or one per instance; `topology`
     places the instances and names their links (default: all on one node, each on its own
     model's GPU link)."""
@@ -313,71 +243,6 @@ class Simulator:
         else:
             self._send_kv(request, action.source_id, action.target_id)
 
-    def _send_kv(self, request: Request, source_id: int, target_id: int) -> None:
-        """Queue a held sequence's KV for `target_id`; `source_id` frees it when it lands
-        (a P->D hand-off or a migration alike)."""
-        self._transfer_source[request.request_id] = source_id
-        request.decode_instance = target_id
-        target = self.instances[target_id]
-        self._touch(target)
-        target.local.enqueue_transfer_in(request)
-        self._start_transfers(target)
-
-    def _start_migrations(self, source: SimInstance) -> None:
-        """Detach the decodes waiting to leave `source` (between its steps) and send them."""
-        for request_id, action in list(self._migrations.items()):
-            if action.source_id != source.local.instance_id:
-                continue
-            del self._migrations[request_id]
-            if source.local.detach(action.request):  # else finished or preempted meanwhile
-                self._send_kv(action.request, action.source_id, action.target_id)
-
-    def _start_transfers(self, target: SimInstance) -> None:
-        now = self.view.now_s
-        started = False
-        for request in target.local.admit_transfers():
-            source = self._transfer_source[request.request_id]
-            tokens = request.sequence_tokens - 1  # less the session history already there:
-            tokens -= target.local.transfer_reused_tokens.pop(request.request_id, 0)
-            num_bytes = tokens * self.perfs[source].kv_bytes_per_token
-            calls = self._transfer_calls(request, self.instances[source], target)
-            self._calls[request.request_id] = self._calls.get(request.request_id, 0) + calls
-            self.links.start(request, now, source, target.local.instance_id, num_bytes, calls)
-            self._transfer_start_s[request.request_id] = now
-            started = True
-        if started:
-            self._schedule_links()
-
-    def _transfer_calls(self, request: Request, source: SimInstance,
-                        target: SimInstance) -> int:
-        settings = self.settings
-        if target.blocks is None or source.blocks is None:
-            if settings.transfer_mode == "per-block-per-layer":
-                return request.kv_blocks * settings.kv_layers * 2
-            return settings.transfer_calls
-        target.blocks.sync_cache()
-        target.blocks.resize(request.request_id, request.kv_blocks)
-        return target.blocks.transfer_calls(source.blocks, request, settings.transfer_mode,
-                                            settings.kv_layers, settings.transfer_calls)
-
-    def _schedule_links(self) -> None:
-        """Keep one pending event at the links' next join or end."""
-        time_s = self.links.next_event_s()
-        if time_s != self._link_event_s:
-            self._link_event_s = time_s
-            self._link_version += 1
-            if time_s < math.inf:
-                self._push(time_s, _TRANSFER_DONE, None, self._link_version)
-
-    def _on_links(self) -> None:
-        self._link_event_s = math.inf
-        for done in self.links.advance(self.view.now_s):
-            if type(done) is HistoryRead:
-                self._on_history_read(done)
-            else:
-                self._on_transfer_done(done)  # type: ignore[arg-type]
-        self._schedule_links()
-
     # ---- event handlers ----
     def _on_batch_done(self, instance: SimInstance) -> None:
         plan = instance.plan
@@ -422,19 +287,6 @@ class Simulator:
         step = instance.perf.decode.step_s
         record_decode_tokens(decodes, instance.start_s + step(batch, context), end_s,
                              step(batch, context + batch * (steps - 1)))
-
-    def _on_transfer_done(self, request: Request) -> None:
-        request.transfer_s += self.view.now_s - self._transfer_start_s.pop(request.request_id)
-        source = self.instances[self._transfer_source.pop(request.request_id)]
-        target = self.instances[request.decode_instance]
-        self._touch(source)
-        source.local.release_handoff(request)
-        if source.blocks is not None:
-            source.blocks.free(request.request_id)
-        if source.local.transfer_queue:  # the freed blocks may admit KV waiting to come in
-            self._start_transfers(source)
-        self._touch(target)
-        target.local.transfer_done(request)
 
     def _on_tick(self) -> None:
         self._apply(self.scheduler.handle(Tick(), self.view))

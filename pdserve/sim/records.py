@@ -1,0 +1,81 @@
+"""Plain data of a simulated run: its settings (`SimSettings`) and what it produced
+(`SimResult`: every request, monitor samples, role changes, transfer calls, session
+statistics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.sim.blocks import TRANSFER_MODES
+from pdserve.sim.sessions import SessionStats
+from pdserve.types import KV_BLOCK_TOKENS, Request, Role
+
+
+@dataclass
+class LoadSample:
+    """Per-instance load at one monitor tick."""
+
+    time_s: float
+    running_tokens: list[int]
+    prefill_queue_tokens: list[int]
+    memory_fraction: list[float]
+    roles: list[Role]
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    time_s: float
+    instance_id: int
+    role: Role
+    reason: str = ""  # the policy rule that decided it (`SetRole.reason`)
+
+
+@dataclass
+class SimResult:
+    requests: list[Request]
+    samples: list[LoadSample] = field(default_factory=list)
+    role_changes: list[RoleChange] = field(default_factory=list)
+    end_s: float = 0.0
+    events: int = 0
+    initial_roles: list[Role] = field(default_factory=list)
+    transfer_calls: dict[int, int] = field(default_factory=dict)  # request id -> calls (sum)
+    prefix_hit_tokens: int = 0  # prompt tokens the instances' prefix caches saved computing
+    sessions: SessionStats = field(default_factory=SessionStats)
+
+    @property
+    def flips(self) -> int:
+        """Role changes that move an instance between the prefill side (P, D->P) and the
+        decode side (D, P->D); settling within a side is not a flip."""
+        sides = [role.takes_prefill for role in self.initial_roles]
+        count = 0
+        for change in self.role_changes:
+            side = change.role.takes_prefill
+            count += side != sides[change.instance_id]
+            sides[change.instance_id] = side
+        return count
+
+
+@dataclass
+class SimSettings:
+    chunk_size_tokens: int = 2048
+    max_batch_size: int = 256
+    transfer_calls: int = 1  # per hand-off, in the "fixed" transfer mode
+    monitor_interval_s: float = 1.0
+    max_span_steps: int = 1 << 20  # 1 = step by step
+    transfer_mode: str = "aligned"  # how a transfer's calls are counted (`sim.blocks`)
+    kv_layers: int = 32  # layers, for the per-block-per-layer transfer mode
+    prefix_block_tokens: int = 0  # tokens per prefix hash; 0: no prefix cache
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps",
+                     "kv_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.prefix_block_tokens < 0 or self.prefix_block_tokens % KV_BLOCK_TOKENS:
+            raise ValueError(f"prefix_block_tokens must be a multiple of {KV_BLOCK_TOKENS} "
+                             f"(0: no prefix cache), got {self.prefix_block_tokens}")
+        if self.transfer_mode not in TRANSFER_MODES:
+            raise ValueError(f"transfer_mode must be one of {', '.join(TRANSFER_MODES)}, got "
+                             f"{self.transfer_mode!r}")
+        if not self.monitor_interval_s > 0:
+            raise ValueError(f"monitor_interval_s must be positive, got {self.monitor_interval_s}")
