@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from pdserve.bench.metrics import summarize
 from pdserve.bench.sessions import AGENT_PROFILES, session_workload
-from pdserve.cluster.topology import Link, Topology, gpu_link, network_link
+from pdserve.cluster.topology import Topology, gpu_link, network_link
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.planning.ampd import PlanInputs, feasible_degrees, plan
@@ -70,8 +70,7 @@ class Case:
 
 
 def topology(perfs: list[PerfModel], tp: int) -> Topology:
-    inter = network_link("rdma-200g")
-    inter = Link(f"{inter.name} x{tp}", inter.bytes_per_s * tp, inter.per_call_s, inter.source)
+    inter = network_link("rdma-200g").aggregated(tp)
     return Topology.build([gpu_link(p) for p in perfs], GPUS_PER_NODE // tp, inter)
 
 

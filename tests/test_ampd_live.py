@@ -24,6 +24,19 @@ def fresh_greedy(prompt_ids: list[int], tokens: int) -> str:
     return engine.text_of(0)
 
 
+
+def record_submissions(driver) -> list:
+    """The driver's LiveRequests, in submission order, as the server submits them."""
+    submitted = []
+    submit = driver.submit
+
+    def recording_submit(*args, **kwargs):
+        live = submit(*args, **kwargs)
+        submitted.append(live)
+        return live
+    driver.submit = recording_submit
+    return submitted
+
 def test_second_round_prefills_only_new_tokens_on_the_bound_worker(tmp_path):
     # 1 prefill + 1 decode worker. A TTFT SLO nobody meets and an ITL SLO everybody meets
     # make Alg. 1 run round 2 locally on the session's decode worker (line 4); round 1,
@@ -33,14 +46,7 @@ def test_second_round_prefills_only_new_tokens_on_the_bound_worker(tmp_path):
     with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
                         ttft_slo_s=1e-6, tpot_slo_s=100.0,
                         prefix_block_tokens=0) as (base, driver):
-        submitted = []
-        submit = driver.submit
-
-        def recording_submit(*args, **kwargs):
-            live = submit(*args, **kwargs)
-            submitted.append(live)
-            return live
-        driver.submit = recording_submit
+        submitted = record_submissions(driver)
         headers = {"X-Session-Id": "conversation-1"}
         first = tokenizer.encode("The quick brown fox")
         reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
@@ -80,14 +86,7 @@ def test_remote_round_reads_the_history_and_hands_back_only_new_kv(tmp_path):
     tokenizer = TextTokenizer.shipped()
     with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
                         ttft_slo_s=100.0, tpot_slo_s=100.0) as (base, driver):
-        submitted = []
-        submit = driver.submit
-
-        def recording_submit(*args, **kwargs):
-            live = submit(*args, **kwargs)
-            submitted.append(live)
-            return live
-        driver.submit = recording_submit
+        submitted = record_submissions(driver)
         headers = {"X-Session-Id": "agent-7"}
         first = tokenizer.encode("Search the web for the capital of France")
         reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={

@@ -48,6 +48,14 @@ class Link:
             raise ValueError(f"link {self.name!r}: per_call_s must not be negative, got "
                              f"{self.per_call_s}")
 
+    def aggregated(self, count: int) -> Link:
+        """`count` such ports side by side (one NIC per GPU: a TP-`count` instance's
+        network port carries `count` times the bandwidth, each call costs the same)."""
+        if count <= 1:
+            return self
+        return Link(f"{self.name} x{count}", self.bytes_per_s * count, self.per_call_s,
+                    self.source)
+
     def time_s(self, num_bytes: float, calls: int = 1) -> float:
         """Uncontended time of a transfer of `num_bytes` in `calls` copies."""
         return calls * self.per_call_s + num_bytes / self.bytes_per_s

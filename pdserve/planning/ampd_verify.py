@@ -12,7 +12,7 @@ from __future__ import annotations
 from concurrent.futures import ProcessPoolExecutor
 
 from pdserve.bench.metrics import summarize
-from pdserve.cluster.topology import Link, Topology, gpu_link, network_link
+from pdserve.cluster.topology import Topology, gpu_link, network_link
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.planning.ampd import PlanInputs, replica_workload
@@ -33,10 +33,7 @@ def cluster_topology(perfs: list[PerfModel], degrees: list[int]) -> Topology:
             node, used = node + 1, 0
         nodes.append(node)
         used += degree
-    inter = network_link(NETWORK)
-    widest = max(degrees)
-    inter = Link(f"{inter.name} x{widest}", inter.bytes_per_s * widest, inter.per_call_s,
-                 inter.source)
+    inter = network_link(NETWORK).aggregated(max(degrees))
     return Topology(tuple(nodes), tuple(gpu_link(p) for p in perfs), inter)
 
 

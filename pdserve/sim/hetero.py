@@ -58,10 +58,7 @@ def heterogeneous_layout(config: SimConfig) -> ClusterLayout:
             intra.append(gpu_link(model) if config.intra_node_link == GPU_LINK
                          else network_link(config.intra_node_link))
         servers[group.gpu, tp] = (node, filled)
-    inter = network_link(config.inter_node_link)
-    if first_tp > 1:
-        inter = Link(f"{inter.name} x{first_tp}", inter.bytes_per_s * first_tp,
-                     inter.per_call_s, inter.source)
+    inter = network_link(config.inter_node_link).aggregated(first_tp)
     return ClusterLayout(tuple(perfs), tuple(roles), Topology(tuple(nodes), tuple(intra), inter))
 
 

@@ -15,7 +15,7 @@ from pdserve.bench.sessions import is_session_workload, session_workload
 from pdserve.bench.synthetic import synthetic_workload
 from pdserve.bench.traces import load_trace
 from pdserve.bench.workload import Workload
-from pdserve.cluster.topology import GPU_LINK, Link, Topology, gpu_link, network_link
+from pdserve.cluster.topology import GPU_LINK, Topology, gpu_link, network_link
 from pdserve.config import SimConfig, effective_prefix_block_tokens, effective_transfer_mode
 from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.perf.fitted import PerfModel
@@ -78,10 +78,8 @@ def build_topology(config: SimConfig, perf: PerfModel, num_instances: int) -> To
     intra = (gpu_link(perf) if config.intra_node_link == GPU_LINK
              else network_link(config.intra_node_link))
     inter, tp = network_link(config.inter_node_link), tp_degree(config)
-    if tp > 1:
-        inter = Link(f"{inter.name} x{tp}", inter.bytes_per_s * tp, inter.per_call_s,
-                     inter.source)
-    return Topology.build([intra] * num_instances, instances_per_node(config), inter)
+    return Topology.build([intra] * num_instances, instances_per_node(config),
+                          inter.aggregated(tp))
 
 
 @dataclass
