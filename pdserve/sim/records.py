@@ -41,6 +41,7 @@ class SimResult:
     transfer_calls: dict[int, int] = field(default_factory=dict)  # request id -> calls (sum)
     prefix_hit_tokens: int = 0  # prompt tokens the instances' prefix caches saved computing
     sessions: SessionStats = field(default_factory=SessionStats)
+    migrations: int = 0  # decode-to-decode moves that left their source (rebalancers)
 
     @property
     def flips(self) -> int:
