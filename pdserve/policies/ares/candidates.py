@@ -8,14 +8,17 @@ when
            not worth moving;
   line 21: N_t(B_{t,0}) + N(r) + N̂(r) <= C_mem -- the target's current load plus the
            request at its predicted end fits the target's KV (the paper writes N̂(r); its
-           KV moves along, so pdserve adds its current tokens N(r)).
+           KV moves along, so pdserve adds its current tokens N(r)); and, as sec. 5.2
+           says ("memory safety ensuring no OOM on target instance in the near future"),
+           the target's forecast load plus the request stays within C_mem at every
+           future step of the horizon.
 A request whose KV is still arriving, or that was moved in the last rounds, is skipped.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from pdserve.instance.decode_forecast import RequestForecast
@@ -35,8 +38,9 @@ MigrationCost = Callable[[int, int, int], float]  # (source, target, tokens) -> 
 
 
 def enumerate_candidates(states: dict[int, InstanceState], classes: Classification,
-                         migration_cost_s: MigrationCost,
+                         migration_cost_s: MigrationCost, offsets: Sequence[int],
                          skip: Collection[int] = ()) -> list[Candidate]:
+    """`offsets`: the future steps of the forecasts' loads (`ForecastSettings`)."""
     found: list[Candidate] = []
     for s in classes.overloaded:
         source = states[s]
@@ -54,5 +58,9 @@ def enumerate_candidates(states: dict[int, InstanceState], classes: Classificati
                 final = r.remaining_tokens if math.isfinite(r.remaining_tokens) else 0.0
                 if target.current_tokens + r.tokens + final > target.capacity_tokens:
                     continue  # line 21
+                if any(load + r.load_at(step) > target.capacity_tokens
+                       for step, load in zip(offsets, target.forecast.load_tokens,
+                                             strict=True)):
+                    continue  # "no OOM on target instance in the near future"
                 found.append(Candidate(r, s, t, cost_s, steps))
     return found

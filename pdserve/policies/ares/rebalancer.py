@@ -40,7 +40,9 @@ class RoundRecord:
     underloaded: int
     candidates: int
     migrated: bool
-    wall_s: float  # the round's own compute time
+    wall_s: float  # the round's compute time at the scheduler (lines 4-10)
+    forecast_wall_s: float = 0.0  # of which reading the workers' reports (in the simulator
+    # the forecasts are computed when read: the workers' side, run in parallel in reality)
 
 
 class AresRebalancer:
@@ -101,7 +103,9 @@ class AresRebalancer:
         self.rounds += 1
         record = RoundRecord(view.now_s, 0, 0, 0, False, 0.0)
         self.records.append(record)
+        started = time.perf_counter()
         states = self.states(view, board)
+        record.forecast_wall_s = time.perf_counter() - started
         classes = classify(states, self.settings.theta)  # line 5
         record.overloaded, record.underloaded = len(classes.overloaded), \
             len(classes.underloaded)
@@ -110,7 +114,7 @@ class AresRebalancer:
         recent = {rid for rid, r in self._moved_round.items()
                   if self.rounds - r < self.settings.cooldown_rounds}
         candidates = enumerate_candidates(states, classes, self.migration_cost_s(view),
-                                          recent)  # line 7
+                                          self.offsets, recent)  # line 7
         record.candidates = len(candidates)
         best, change, before = select_migration(candidates, states, self.offsets,
                                                 self.weights, self.settings.min_gain)
