@@ -8,8 +8,10 @@ length; these three answer the same question without model internals (the paper'
 - `noisy:mae=M[,half=G]` is the oracle plus a Laplace error whose mean absolute value is M
   tokens at the first prediction and shrinks as generation proceeds, as the paper's Fig. 7
   error does: the error scale after g generated tokens is M * G / (G + g) (default
-  G = 2000, so the error halves after 2000 tokens). Every draw is a function of (seed,
-  request, tokens generated), so a run is reproducible whatever the call order.
+  G = 2000, so the error halves after 2000 tokens). In the live world, where the true
+  length is unknown, the error is around the request's cap (`max_tokens`). Every draw is
+  a function of (seed, request, tokens generated), so a run is reproducible whatever the
+  call order.
 - `history[:q=0.5,buckets=...,window=N]` keeps, per input-length bucket, the output lengths
   of the last N finished requests (learned online) and predicts the q-quantile of the
   output length *given that it exceeds the tokens generated so far*, minus those tokens.
@@ -78,7 +80,8 @@ class NoisyPredictor:
             rng = random.Random(hash((self.seed, d.request_id, d.generated_tokens)))
             u = rng.random() - 0.5  # Laplace(0, scale) by inversion: mean |error| = scale
             error = -scale * math.copysign(1.0, u) * math.log(1.0 - 2.0 * abs(u))
-            out.append(min(max(0.0, _true_remaining(d, "noisy") + error), float(_cap(d))))
+            truth = _cap(d) if d.true_remaining_tokens is None else d.true_remaining_tokens
+            out.append(min(max(0.0, truth + error), float(_cap(d))))
         return out
 
     def observe_finished(self, prompt_tokens: int, output_tokens: int) -> None:

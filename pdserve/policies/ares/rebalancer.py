@@ -43,6 +43,8 @@ class RoundRecord:
     wall_s: float  # the round's compute time at the scheduler (lines 4-10)
     forecast_wall_s: float = 0.0  # of which reading the workers' reports (in the simulator
     # the forecasts are computed when read: the workers' side, run in parallel in reality)
+    moved_request: int = -1  # the migrated request, and its output length then
+    moved_at_tokens: int = 0
 
 
 class AresRebalancer:
@@ -124,6 +126,8 @@ class AresRebalancer:
         if request is None or request.decode_instance != best.source:
             return None  # not a decode this scheduler dispatched (or it moved meanwhile)
         record.migrated = True
+        record.moved_request, record.moved_at_tokens = request.request_id, \
+            request.generated_tokens
         self.migrations += 1
         self._moved_round[request.request_id] = self.rounds
         src, dst = states[best.source], states[best.target]
