@@ -33,7 +33,10 @@ from pdserve.cluster.roles import RoleBoard
 from pdserve.config import SimConfig
 from pdserve.policies.ares.rebalancer import AresRebalancer
 from pdserve.policies.base import Rebalancer
-from pdserve.sim.runner import Experiment
+from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.sim.records import SimSettings
+from pdserve.sim.runner import Experiment, build_topology
+from pdserve.sim.simulator import Simulator
 
 MODEL, GPU = "deepseek-r1-distill-qwen-7b-w8a8", "rtx-4090d"
 POLICIES = [("vllm", "history"), ("reschedule-current", "history"),
@@ -119,69 +122,72 @@ def table_sensitivity(requests: int) -> None:
 
 
 class StepTimeProbe:
-    """Wraps a policy's rebalancer: on each tick records every decode instance's current
+    """Wraps a policy's rebalancer: on each tick records every busy decode instance's current
     step time (the perf model's decode step for its batch) before the rebalancer acts."""
 
-    def __init__(self, inner: Rebalancer, step_s) -> None:  # type: ignore[no-untyped-def]
-        self.inner, self.step_s = inner, step_s
+    def __init__(self, inner: Rebalancer, step_s, warmup_s: float) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.step_s, self.warmup_s = inner, step_s, warmup_s
         self.variances_ms2: list[float] = []
         self.on_decode = getattr(inner, "on_decode", None)
 
     def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]:
-        times = [self.step_s(view.instances[i].running_decodes,
-                             view.instances[i].running_tokens) * 1e3
-                 for i in board.decode_candidates if view.instances[i].running_decodes]
-        if len(times) > 1:
-            self.variances_ms2.append(statistics.pvariance(times))
+        if view.now_s >= self.warmup_s:
+            times = [self.step_s(view.instances[i].running_decodes,
+                                 view.instances[i].running_tokens) * 1e3
+                     for i in board.decode_candidates if view.instances[i].running_decodes]
+            if len(times) > 1:
+                self.variances_ms2.append(statistics.pvariance(times))
         return self.inner.on_tick(view, board)
 
 
-def table_balance(sizes: list[int], duration_s: float) -> None:
-    print(f"table 3 (Fig. 12): decode instances, 0.3 req/s per 8, 25 Gbps, {duration_s:.0f} s "
-          f"of arrivals; mean variance of per-step execution time (ms^2); ARES round wall")
-    from pdserve.policies import presets
-    from pdserve.sim.simulator import Simulator
+def simulate_probed(config: SimConfig, warmup_s: float):  # type: ignore[no-untyped-def]
+    """One run with the step-time probe around the policy's rebalancer."""
+    experiment = Experiment.from_config(config)
+    policy, count = build_policy(config.policy, PolicySetup(
+        experiment.perf, experiment.slo, prefill=config.prefill, decode=config.decode,
+        chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
+        rebalancer=config.rebalancer, ares=config.ares_settings()))
+    inner = policy.rebalancer
+    probe = StepTimeProbe(inner, experiment.perf.decode.step_s, warmup_s)
+    policy.rebalancer = probe
+    settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
+                           config.transfer_calls, config.monitor_interval_s)
+    started = time.perf_counter()
+    result = Simulator(policy, count, experiment.perf, settings,
+                       build_topology(config, experiment.perf, count)).run(
+        experiment.workload.requests())
+    wall = time.perf_counter() - started
+    return experiment.summarize(result), result, probe, inner, wall
 
+
+def table_balance(sizes: list[int], duration_s: float, warmup_s: float) -> None:
+    print(f"table 3 (Fig. 12): decode instances (and one prefill per 8), 0.3 req/s per 8, "
+          f"25 Gbps, {duration_s:.0f} s of arrivals; variance across decode instances of the "
+          f"per-step execution time (ms^2), sampled each second after {warmup_s:.0f} s, "
+          f"mean; ARES (oracle) round wall time at the scheduler and reading the reports")
     print(f"  {'decode':>6s} {'policy':20s} {'var ms^2':>9s} {'migr':>5s} {'preempt':>7s} "
-          f"{'round p50':>9s} {'round max':>9s} {'of which reports':>16s}")
+          f"{'P99 TPOT':>9s} {'round p50':>9s} {'round max':>9s} {'reports p50':>11s} "
+          f"{'sim wall':>8s}")
     for size in sizes:
         rate = 0.3 * size / 8
         for policy in ("vllm", "reschedule-current", "ares"):
             config = base_config(policy=policy, ares_predictor="oracle", decode=size,
-                                 prefill=max(1, size // 3),
+                                 prefill=max(1, size // 8),
                                  synthetic_requests=max(50, int(rate * duration_s)),
                                  synthetic_rate_rps=rate)
-            experiment = Experiment.from_config(config)
-            built = {}
-            original = presets.build_policy
-
-            def build(name, setup, _orig=original, _built=built):  # type: ignore[no-untyped-def]
-                policy_obj, count = _orig(name, setup)
-                probe = StepTimeProbe(policy_obj.rebalancer, setup.perf.decode.step_s)
-                policy_obj.rebalancer = probe  # type: ignore[assignment]
-                _built["probe"] = probe
-                _built["inner"] = probe.inner
-                return policy_obj, count
-
-            import pdserve.sim.runner as runner
-            runner.build_policy = build  # type: ignore[assignment]
-            try:
-                result = experiment.simulate()
-            finally:
-                runner.build_policy = original  # type: ignore[assignment]
-            probe: StepTimeProbe = built["probe"]  # type: ignore[assignment]
-            inner = built["inner"]
-            summary = experiment.summarize(result)
+            summary, result, probe, inner, wall = simulate_probed(config, warmup_s)
             var = statistics.fmean(probe.variances_ms2) if probe.variances_ms2 else 0.0
             rounds = ""
             if isinstance(inner, AresRebalancer) and inner.records:
-                walls = sorted(r.wall_s * 1e3 for r in inner.records)
+                walls = sorted((r.wall_s - r.forecast_wall_s) * 1e3 for r in inner.records)
                 reports = statistics.median(r.forecast_wall_s * 1e3 for r in inner.records)
                 rounds = (f"{walls[len(walls) // 2]:7.2f}ms {walls[-1]:7.2f}ms "
-                          f"{reports:14.2f}ms")
+                          f"{reports:9.2f}ms")
+            else:
+                rounds = f"{'':9s} {'':9s} {'':11s}"
             print(f"  {size:6d} {policy:20s} {var:9.2f} {result.migrations:5d} "
-                  f"{summary.preemptions:7d} {rounds}", flush=True)
-    _ = Simulator  # the probe rides on the simulator's ticks
+                  f"{summary.preemptions:7d} {summary.tpot_s.p99 * 1e3:7.1f}ms {rounds} "
+                  f"{wall:7.1f}s", flush=True)
 
 
 def main() -> None:
@@ -190,8 +196,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--sizes", default="8,16,32,64,128,256")
-    parser.add_argument("--duration", type=float, default=600.0,
+    parser.add_argument("--duration", type=float, default=1200.0,
                         help="seconds of arrivals in table 3")
+    parser.add_argument("--warmup", type=float, default=300.0,
+                        help="seconds before table 3 samples the variance")
     args = parser.parse_args()
     tables = set(args.tables.split(","))
     if "1" in tables:
@@ -199,7 +207,7 @@ def main() -> None:
     if "2" in tables:
         table_sensitivity(args.requests)
     if "3" in tables:
-        table_balance([int(s) for s in args.sizes.split(",")], args.duration)
+        table_balance([int(s) for s in args.sizes.split(",")], args.duration, args.warmup)
 
 
 if __name__ == "__main__":
