@@ -246,3 +246,45 @@ def test_blocks_are_counted_as_capacity() -> None:
         rebalancer.on_decode(request, request.decode_instance)
     assert rebalancer.on_tick(view, RoleBoard([Role.DECODE] * 2)) == []
     assert rebalancer.records[-1].overloaded == 1 and rebalancer.records[-1].candidates == 0
+
+
+# ---- the vectorised round picks what the reference phases pick ----
+
+def test_fast_round_equals_the_reference_phases() -> None:
+    import random
+
+    from pdserve.cluster.topology import Link, Topology
+    from pdserve.policies.ares.fast_round import LinkCosts, best_move
+
+    rng = random.Random(5)
+    topology = Topology.build([Link("nvlink", 200e9, 1e-5)] * 12, 4, Link("net", 3e9, 5e-5))
+    links = LinkCosts.of(topology, perf_model("deepseek-r1-distill-qwen-7b-w8a8",
+                                              "rtx-4090d"), 12)
+    kv_bytes = 57344
+    picked = 0
+    for _trial in range(60):
+        states = {}
+        for i in range(12):
+            decodes = [(rng.randint(50, 20_000), rng.choice([3.0, 40.0, 900.0, 8000.0,
+                                                             rng.uniform(1, 5000)]))
+                       for _ in range(rng.randint(0, 6))]
+            states[i] = state(i, decodes, capacity=rng.choice([60_000, 200_000]),
+                              step_s=rng.uniform(0.01, 0.05))
+        classes = classify(states, rng.choice([0.0, 0.1, 0.3]))
+        skip = {rng.randint(0, 1200) for _ in range(5)}
+        cost = lambda s, t, tokens: links.time_s(s, t, tokens * kv_bytes)  # noqa: E731
+        reference = select_migration(
+            enumerate_candidates(states, classes, cost, OFFSETS, skip), states, OFFSETS,
+            SETTINGS.weights(), 0.01)
+        fast = best_move(states, classes, links, kv_bytes, OFFSETS, SETTINGS.weights(),
+                         0.01, skip)
+        assert fast[2] == pytest.approx(reference[2])  # σ̂² before
+        if reference[0] is None:
+            assert fast[0] is None
+            continue
+        picked += 1
+        assert fast[0] is not None
+        assert (fast[0].request.request_id, fast[0].source, fast[0].target) == (
+            reference[0].request.request_id, reference[0].source, reference[0].target)
+        assert fast[1] == pytest.approx(reference[1])
+    assert picked > 20

@@ -7,7 +7,8 @@ decode instances' pre-computed forecasts (line 4; `InstanceLoad.decode_forecast`
 simulated instance computes on demand and a live worker sends with its stats), classifies
 them (line 5, `classification.py`), enumerates candidates if any instance is overloaded
 (lines 6-7, `candidates.py`), picks the single migration that most reduces the
-time-weighted load variance (line 8, `selection.py`) and executes it (line 10) as a
+time-weighted load variance (line 8, `selection.py`; both run vectorised over the targets
+in `fast_round.py`, which picks what they pick) and executes it (line 10) as a
 `Migrate` action: both drivers move the KV on the cluster's links while the source keeps
 decoding its other requests (sec. 5.4), and the request continues on the target with no
 repeated token. Each `Migrate` carries its reason ("ares alg1: ...").
@@ -24,9 +25,8 @@ from dataclasses import dataclass
 from pdserve.cluster.messages import Action, ClusterView, Migrate
 from pdserve.cluster.roles import RoleBoard
 from pdserve.perf.fitted import PerfModel
-from pdserve.policies.ares.candidates import enumerate_candidates
 from pdserve.policies.ares.classification import InstanceState, classify
-from pdserve.policies.ares.selection import select_migration
+from pdserve.policies.ares.fast_round import LinkCosts, best_move
 from pdserve.policies.ares.settings import AresSettings
 from pdserve.types import KV_BLOCK_TOKENS, Request
 
@@ -57,6 +57,8 @@ class AresRebalancer:
         self.decodes: dict[int, Request] = {}  # by request id, from decode dispatches
         self._moved_round: dict[int, int] = {}  # request id -> round it was last moved in
         self._last_round_s = -float("inf")
+        self._links: LinkCosts | None = None
+        self._links_key: tuple[int, int] = (0, 0)
         self.rounds = 0
         self.migrations = 0
         self.records: list[RoundRecord] = []
@@ -91,15 +93,13 @@ class AresRebalancer:
                                         max(1, load.running_tokens)))
         return states
 
-    def migration_cost_s(self, view: ClusterView):  # type: ignore[no-untyped-def]
-        topology, perf = view.topology, self.perf
-
-        def cost(source: int, target: int, tokens: int) -> float:
-            if topology is not None:
-                return topology.transfer_time_s(source, target,
-                                                tokens * perf.kv_bytes_per_token)
-            return perf.transfer_time_s(tokens)
-        return cost
+    def link_costs(self, view: ClusterView) -> LinkCosts:
+        """C_mig's terms per instance pair (built once per topology)."""
+        key = (id(view.topology), len(view.instances))
+        if self._links is None or self._links_key != key:
+            self._links = LinkCosts.of(view.topology, self.perf, len(view.instances))
+            self._links_key = key
+        return self._links
 
     def round(self, view: ClusterView, board: RoleBoard) -> Migrate | None:
         self.rounds += 1
@@ -115,11 +115,9 @@ class AresRebalancer:
             return None
         recent = {rid for rid, r in self._moved_round.items()
                   if self.rounds - r < self.settings.cooldown_rounds}
-        candidates = enumerate_candidates(states, classes, self.migration_cost_s(view),
-                                          self.offsets, recent)  # line 7
-        record.candidates = len(candidates)
-        best, change, before = select_migration(candidates, states, self.offsets,
-                                                self.weights, self.settings.min_gain)
+        best, change, before, record.candidates = best_move(  # lines 7-8
+            states, classes, self.link_costs(view), self.perf.kv_bytes_per_token,
+            self.offsets, self.weights, self.settings.min_gain, recent)
         if best is None:  # line 9
             return None
         request = self.decodes.get(best.request.request_id)
