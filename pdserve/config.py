@@ -86,6 +86,7 @@ class SimConfig:
     ares_decay: float = 0.8  # beta_t ∝ decay^j over the horizon's points
     ares_refresh_tokens: int = 20  # k
     ares_interval_s: float = 1.0
+    ares_memory_guard: float = 0.0  # > 0: instances this full (KV) count as overloaded
     # SLOs and goodput
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.15
@@ -166,6 +167,7 @@ class SimConfig:
 
     def ares_settings(self) -> AresSettings:
         return AresSettings(theta=self.ares_theta, interval_s=self.ares_interval_s,
+                            memory_guard=self.ares_memory_guard,
                             forecast=ForecastSettings(
                                 predictor=self.ares_predictor,
                                 refresh_every_tokens=self.ares_refresh_tokens,

@@ -61,6 +61,13 @@ def test_overloaded_by_weighted_load_and_underloaded_by_current_load() -> None:
     assert 0 not in classes.underloaded
 
 
+def test_memory_guard_makes_a_full_instance_a_source() -> None:
+    states = {0: state(0, [], current=950, weighted=100, capacity=1000),  # full now
+              1: state(1, [], current=100, weighted=900, capacity=1000)}
+    assert classify(states, theta=0.1).overloaded == (1,)  # the paper's rule
+    assert classify(states, theta=0.1, memory_guard=0.9).overloaded == (0, 1)
+
+
 def test_theta_widens_the_band() -> None:
     states = {0: state(0, [], current=100, weighted=1000), 1: state(1, [], current=100,
                                                                      weighted=800)}

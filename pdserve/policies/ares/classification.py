@@ -36,11 +36,15 @@ class Classification:
     underloaded: tuple[int, ...]  # U
 
 
-def classify(states: dict[int, InstanceState], theta: float) -> Classification:
+def classify(states: dict[int, InstanceState], theta: float,
+             memory_guard: float = 0.0) -> Classification:
+    """`memory_guard` > 0 (pdserve's addition, off by default): an instance whose current
+    tokens fill at least that fraction of its KV is overloaded too, whatever its w_i."""
     if not states:
         return Classification(0.0, (), ())
     mean = sum(s.weighted_load for s in states.values()) / len(states)
     limit = (1.0 + theta) * mean
-    over = tuple(i for i, s in states.items() if s.weighted_load > limit)
+    over = tuple(i for i, s in states.items() if s.weighted_load > limit
+                 or 0 < memory_guard * s.capacity_tokens <= s.current_tokens)
     under = tuple(i for i, s in states.items() if s.current_tokens < limit)
     return Classification(mean, over, under)

@@ -108,7 +108,7 @@ class AresRebalancer:
         started = time.perf_counter()
         states = self.states(view, board)
         record.forecast_wall_s = time.perf_counter() - started
-        classes = classify(states, self.settings.theta)  # line 5
+        classes = classify(states, self.settings.theta, self.settings.memory_guard)  # line 5
         record.overloaded, record.underloaded = len(classes.overloaded), \
             len(classes.underloaded)
         if not classes.overloaded or len(states) < 2:  # line 6

@@ -13,6 +13,10 @@ interval (1 s, line 3) and the refresh interval (k = 20 tokens, sec. 5.3) but no
   a candidate's remaining tokens, the memory check on its current tokens).
 - `min_gain`: a migration must cut the time-weighted variance by at least this fraction
   (default 1 %), so a balanced cluster sees no migrations (sec. 5.1, "whether to migrate").
+- `memory_guard` (pdserve's addition, 0 = off, the paper's Alg. 1): an instance whose
+  current KV tokens fill at least this fraction of its capacity counts as overloaded
+  whatever its predicted load: Alg. 1's memory check protects only the target, and an
+  instance that is full now preempts now even if its load is predicted to drain.
 - `cooldown_rounds`: a request just moved is not moved again for this many rounds (its KV
   may still be on the wire; moving it back and forth only costs transfers).
 """
@@ -31,6 +35,7 @@ class AresSettings:
     predictive: bool = True
     min_gain: float = 0.01
     cooldown_rounds: int = 10
+    memory_guard: float = 0.0
     forecast: ForecastSettings = field(default_factory=ForecastSettings)
 
     def __post_init__(self) -> None:
