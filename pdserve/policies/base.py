@@ -57,6 +57,10 @@ class RoleManager(Protocol):
 
 
 class Rebalancer(Protocol):
+    """Moves running decodes on ticks. One that follows decodes may also define
+    `on_decode(request, instance_id)`: the scheduler then calls it on every decode
+    dispatch (ARES learns its `Request` objects that way, whatever the routers)."""
+
     def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]: ...
 
 
