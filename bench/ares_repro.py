@@ -16,6 +16,7 @@ step at 50 % KV). Goodput is SLO-meeting requests per second at the offered rate
            variance across instances of the per-step execution time, sampled each second
            (the decode step time of each instance's batch from the perf model), averaged over
            the run; and the wall time of one rescheduling round at each size
+  table 4  Fig. 13: the same variance on the 1P+3D setup, every policy and predictor
 
     python bench/ares_repro.py                 # all tables (~10 min on 2 shared cores)
     python bench/ares_repro.py --tables 1 --requests 300
@@ -190,9 +191,26 @@ def table_balance(sizes: list[int], duration_s: float, warmup_s: float) -> None:
                   f"{wall:7.1f}s", flush=True)
 
 
+def table_small_balance(requests: int) -> None:
+    print(f"table 4 (Fig. 13): 1P+3D, sharegpt-long, {requests} requests; mean variance across "
+          f"the 3 decode instances of the per-step execution time (ms^2), sampled each second "
+          f"after 300 s")
+    print(f"  {'rate':>5s} {'policy':24s} {'var ms^2':>9s} {'migr':>5s} {'preempt':>7s} "
+          f"{'P99 TPOT':>9s}")
+    for rate in (0.17, 0.25):
+        for policy, predictor in POLICIES:
+            config = base_config(policy=policy, ares_predictor=predictor,
+                                 synthetic_requests=requests, synthetic_rate_rps=rate)
+            summary, result, probe, _, _ = simulate_probed(config, 300.0)
+            var = statistics.fmean(probe.variances_ms2) if probe.variances_ms2 else 0.0
+            label = policy if policy != "ares" else f"ares ({predictor})"
+            print(f"  {rate:5.2f} {label:24s} {var:9.2f} {result.migrations:5d} "
+                  f"{summary.preemptions:7d} {summary.tpot_s.p99 * 1e3:7.1f}ms", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tables", default="1,2,3")
+    parser.add_argument("--tables", default="1,2,3,4")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--sizes", default="8,16,32,64,128,256")
@@ -208,6 +226,8 @@ def main() -> None:
         table_sensitivity(args.requests)
     if "3" in tables:
         table_balance([int(s) for s in args.sizes.split(",")], args.duration, args.warmup)
+    if "4" in tables:
+        table_small_balance(args.requests)
 
 
 if __name__ == "__main__":
