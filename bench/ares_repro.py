@@ -27,15 +27,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from pdserve.bench.metrics import Summary
 from pdserve.cluster.messages import Action, ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.config import SimConfig
 from pdserve.policies.ares.rebalancer import AresRebalancer
 from pdserve.policies.base import Rebalancer
 from pdserve.policies.presets import PolicySetup, build_policy
-from pdserve.sim.records import SimSettings
+from pdserve.sim.records import SimResult, SimSettings
 from pdserve.sim.runner import Experiment, build_topology
 from pdserve.sim.simulator import Simulator
 
@@ -117,7 +119,7 @@ def table_sensitivity(requests: int) -> None:
     for predictor in ("oracle", "history"):
         rows = [run(base_config(policy="ares", ares_predictor=predictor,
                                 synthetic_requests=requests, synthetic_rate_rps=0.25,
-                                **fields), f"{predictor}: {label}")  # type: ignore[arg-type]
+                                **fields), f"{predictor}: {label}")
                 for label, fields in variants]
         print_rows(rows)
 
@@ -126,7 +128,8 @@ class StepTimeProbe:
     """Wraps a policy's rebalancer: on each tick records every busy decode instance's current
     step time (the perf model's decode step for its batch) before the rebalancer acts."""
 
-    def __init__(self, inner: Rebalancer, step_s, warmup_s: float) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, inner: Rebalancer, step_s: Callable[[int, int], float],
+                 warmup_s: float) -> None:
         self.inner, self.step_s, self.warmup_s = inner, step_s, warmup_s
         self.variances_ms2: list[float] = []
         self.on_decode = getattr(inner, "on_decode", None)
@@ -141,7 +144,8 @@ class StepTimeProbe:
         return self.inner.on_tick(view, board)
 
 
-def simulate_probed(config: SimConfig, warmup_s: float):  # type: ignore[no-untyped-def]
+def simulate_probed(config: SimConfig, warmup_s: float
+                    ) -> tuple[Summary, SimResult, StepTimeProbe, Rebalancer, float]:
     """One run with the step-time probe around the policy's rebalancer."""
     experiment = Experiment.from_config(config)
     policy, count = build_policy(config.policy, PolicySetup(

@@ -83,6 +83,9 @@ def test_history_on_a_worker_learns_from_its_finished_requests() -> None:
     running(local, request)
     (entry,) = forecast.report().requests
     assert entry.remaining_tokens == 60.0
+    del local.running[2]  # moved away: its prediction is forgotten at the next report
+    local.running_tokens = 0
+    assert forecast.report().requests == () and forecast.tracker.tracked == 0
 
 
 def test_stats_without_ares_carry_no_forecast() -> None:

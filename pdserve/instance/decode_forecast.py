@@ -130,6 +130,14 @@ class DecodeLoadTracker:
     def forget(self, request_id: int) -> None:
         self._predicted.pop(request_id, None)
 
+    def retain(self, request_ids: set[int]) -> None:
+        """Forget predictions of requests no longer here (moved away, cancelled)."""
+        self._predicted = {rid: p for rid, p in self._predicted.items() if rid in request_ids}
+
+    @property
+    def tracked(self) -> int:
+        return len(self._predicted)
+
     def _progress(self, request: Request, generated: int,
                   hidden: Mapping[int, np.ndarray] | None) -> DecodeProgress:
         if self.knows_true_length:

@@ -44,9 +44,11 @@ class WorkerForecast:
             self.hidden.update(take())
         local = self.local
         incoming = (*local.transfer_queue, *local.transferring.values(), *local.ready)
-        if len(self.hidden) > len(local.running) + len(incoming):  # moved or finished
-            here = {*local.running, *(r.request_id for r in incoming)}
+        here_count = len(local.running) + len(incoming)
+        if len(self.hidden) > here_count or self.tracker.tracked > here_count:
+            here = {*local.running, *(r.request_id for r in incoming)}  # some moved away
             self.hidden = {rid: h for rid, h in self.hidden.items() if rid in here}
+            self.tracker.retain(here)
         return self.tracker.forecast(local.instance_id, local.running.values(), incoming,
                                      hidden=self.hidden)
 
