@@ -41,6 +41,7 @@ class SimConfig:
     decode_router: str = ""
     instances: int | str = 8  # colocated presets; or groups: 4xl20:prefill,4xh20:decode
     reserve: int = 0  # flowkv: instances held back for elastic scaling
+    instance_startup_s: float = 20.0  # a started (scaled-up) instance serves after this
     prefix_aware_routing: bool = True  # flowkv: prefill routing counts prefix-cache hits
     phase_priority: str = ""  # "" keeps the policy's; decode-first | prefill-first
     prefill: int = 4  # disaggregated presets
@@ -96,7 +97,7 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"config field {name!r} must be positive, got {value!r}")
-        for name in ("arrow_min_dwell_s", "arrow_monitor_cooldown_s"):
+        for name in ("arrow_min_dwell_s", "arrow_monitor_cooldown_s", "instance_startup_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config field {name!r} must not be negative, got "
                                  f"{getattr(self, name)!r}")

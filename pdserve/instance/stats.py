@@ -70,6 +70,11 @@ class InstanceStats:
     sending_len: int = 0
 
     @classmethod
+    def empty(cls, instance_id: int, total_blocks: int) -> InstanceStats:
+        """The load of an instance that holds nothing (stopped, dead, freshly started)."""
+        return cls(instance_id, 0, 0, 0, 0, 0, 0, 0, 0, total_blocks, 0, 0, 0.0)
+
+    @classmethod
     def of(cls, load: InstanceLoad) -> InstanceStats:
         return cls(**{f.name: getattr(load, f.name) for f in fields(cls)})
 

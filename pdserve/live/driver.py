@@ -39,6 +39,8 @@ from pdserve.cluster.messages import (
     SetChunkSize,
     SetPhasePriority,
     SetRole,
+    StartInstance,
+    StopInstance,
     Tick,
 )
 from pdserve.cluster.scheduler import GlobalScheduler
@@ -49,6 +51,7 @@ from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.prefix_cache import chain_hashes
 from pdserve.live import status
 from pdserve.live.failover import Failover
+from pdserve.live.lifecycle import WorkerLifecycle
 from pdserve.live.messages import (
     AdoptKV,
     Cancel,
@@ -79,7 +82,7 @@ __all__ = ["LiveDriver", "LiveRequest", "Overloaded"]
 log = logging.getLogger("pdserve.live")
 
 
-class LiveDriver(Failover):
+class LiveDriver(Failover, WorkerLifecycle):
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float = 0.5,
                  max_outstanding: int = 256) -> None:
@@ -100,6 +103,7 @@ class LiveDriver(Failover):
         # instance -> its engine's (prefill tokens computed, tokens reused from history)
         self.engine_counters: dict[int, tuple[int, int]] = {}
         self.workers = WorkerProcesses(workers, num_instances)
+        self._starting: set[int] = set()  # workers started on request, not yet ready
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # for calls from other threads
@@ -107,9 +111,11 @@ class LiveDriver(Failover):
     # ---- lifecycle ----
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        initial = self.scheduler.initial_actions()  # reserves stopped, chunk sizes
+        stopped = {a.instance_id for a in initial if isinstance(a, StopInstance)}
         self.view.instances = await self.workers.start(self._on_message, self._on_exit,
-                                                       self._on_ready)
-        self._apply(self.scheduler.initial_actions())  # the policy's chunk sizes
+                                                       self._on_ready, stopped)
+        self._apply([a for a in initial if not isinstance(a, StopInstance)])
         self._tick_task = asyncio.create_task(self._ticks())
 
     async def close(self) -> None:
@@ -221,6 +227,8 @@ class LiveDriver(Failover):
                                  action.target_id, action.reason)
                     self._migration_targets[action.request.request_id] = action.target_id
                     self._send(action.source_id, Detach(action.request.request_id))
+            elif isinstance(action, StartInstance | StopInstance):
+                self._apply_lifecycle(action)
             else:
                 raise ValueError(f"the live driver cannot apply {type(action).__name__}")
 

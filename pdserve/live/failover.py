@@ -20,9 +20,8 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdserve.cluster.messages import Arrival, ClusterView, InstanceFailed, InstanceRecovered
+from pdserve.cluster.messages import Arrival, ClusterView, InstanceFailed
 from pdserve.instance.stats import InstanceStats
-from pdserve.live import status
 from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses
 from pdserve.live.requests import LiveRequest
@@ -81,7 +80,7 @@ class Failover:
                   self.workers.states[instance].value)
         batch = self._executing.pop(instance, frozenset())
         total_blocks = self.view.instances[instance].total_blocks
-        self.view.instances[instance] = status.empty_stats(  # type: ignore[index]
+        self.view.instances[instance] = InstanceStats.empty(  # type: ignore[index]
             instance, total_blocks)  # its work is gone: policies must not count it
         self._handle(InstanceFailed(instance))
         self.history.source_lost(instance)
@@ -106,12 +105,3 @@ class Failover:
         self.metrics.count("retries")
         self.metrics.count("resumed_tokens", len(live.token_ids))
         self._handle(Arrival(request))
-
-    def _on_ready(self: LiveDriver, instance: int, stats: InstanceStats,
-                  pool_name: str) -> None:
-        """A restarted worker is up, empty: the scheduler may use it again."""
-        self.metrics.count("worker_restarts")
-        log.warning("worker %d restarted (pid %d)", instance, self.workers.pid(instance))
-        self.view.instances[instance] = stats  # type: ignore[index]
-        self._handle(InstanceRecovered(instance))
-

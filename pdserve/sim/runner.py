@@ -123,7 +123,8 @@ class Experiment:
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
                                config.transfer_calls, config.monitor_interval_s, max_span_steps,
                                effective_transfer_mode(config), kv_layers(config),
-                               effective_prefix_block_tokens(config))
+                               effective_prefix_block_tokens(config),
+                               config.instance_startup_s)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
         if layout is not None:
             check_layout_roles(config.policy, layout.roles)
