@@ -75,6 +75,7 @@ from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.live.requests import LiveRequest, Overloaded
 from pdserve.live.sessions import HistoryReads, LiveSessions
+from pdserve.live.timeline import RequestTimeline
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
@@ -104,6 +105,8 @@ class LiveDriver(Failover, WorkerLifecycle):
         self.engine_counters: dict[int, tuple[int, int]] = {}
         self.workers = WorkerProcesses(workers, num_instances)
         self._starting: set[int] = set()  # workers started on request, not yet ready
+        self.timeline = RequestTimeline.from_env()  # fidelity runs only
+        self._batch_end_s = 0.0  # of the StepDone whose tokens are being handled
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # for calls from other threads
@@ -279,6 +282,7 @@ class LiveDriver(Failover, WorkerLifecycle):
             self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
             self.engine_counters[message.instance_id] = (message.prefill_tokens_total,
                                                          message.reused_tokens_total)
+            self._batch_end_s = message.sent_s
             for request_id, token, reason, logprob in message.tokens:
                 self._on_token(message.instance_id, request_id, token, reason, logprob)
         elif isinstance(message, Executing):
@@ -333,6 +337,9 @@ class LiveDriver(Failover, WorkerLifecycle):
             request.first_token_s = now
             self.metrics.ttft.observe(now - request.arrival_s)
             self.metrics.count("prompt_tokens", len(live.prompt_ids))
+            if self.timeline is not None:
+                self.timeline.first_token(live.client_id, request.arrival_s,
+                                          self._batch_end_s, now)
         if instance == request.decode_instance:
             request.record_decode_tokens(now, now)
         live.token_ids.append(token)
