@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import threading
+
 import httpx
 import torch
 from server_helpers import running_server
@@ -107,3 +112,53 @@ def test_remote_round_reads_the_history_and_hands_back_only_new_kv(tmp_path):
         assert decode_after[1] - decode_before[1] == history  # merged onto the kept KV
         assert decode_after[0] == decode_before[0]  # the decode worker computed no prefill
         assert reply.json()["choices"][0]["text"] == fresh_greedy(second, 6)
+
+
+def test_a_round_whose_worker_dies_is_rerun_in_its_session(tmp_path):
+    """The decode worker holding a session's history dies mid-stream: the round is re-run
+    (its history recomputed) in the same session, with the text a fresh engine gives, and
+    the next round of the session is served as usual."""
+    tokenizer = TextTokenizer.shipped()
+    with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
+                        ttft_slo_s=100.0, tpot_slo_s=100.0) as (base, driver):
+        submitted = record_submissions(driver)
+        headers = {"X-Session-Id": "agent-9"}
+        first = tokenizer.encode("Search the web for the capital of France")
+        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
+            "model": "tiny", "prompt": first, "max_tokens": 6, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        second = first + list(submitted[0].token_ids) + tokenizer.encode(" Tool: Paris.")
+        session_id = submitted[0].request.session_id
+        streamed: dict = {}
+        started = threading.Event()
+
+        def stream() -> None:
+            text, errors = [], []
+            with httpx.stream("POST", f"{base}/v1/completions", headers=headers,
+                              timeout=120, json={"model": "tiny", "prompt": second,
+                                                 "max_tokens": 120, "temperature": 0,
+                                                 "stream": True}) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        chunk = json.loads(line[6:])
+                        if "error" in chunk:
+                            errors.append(chunk["error"]["message"])
+                        elif chunk["choices"]:
+                            text.append(chunk["choices"][0]["text"])
+                            started.set()
+            streamed.update(text="".join(text), errors=errors)
+
+        thread = threading.Thread(target=stream)
+        thread.start()
+        assert started.wait(60)
+        os.kill(driver.workers.pid(1), signal.SIGKILL)  # the session's decode worker
+        thread.join(120)
+        assert streamed["errors"] == [] and streamed["text"] == fresh_greedy(second, 120)
+        rerun = submitted[1]
+        assert rerun.retries == 1 and rerun.request.session_id == session_id
+        third = second + list(rerun.token_ids) + tokenizer.encode(" Done?")
+        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
+            "model": "tiny", "prompt": third, "max_tokens": 6, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["text"] == fresh_greedy(third, 6)
+        assert submitted[2].request.session_id == session_id

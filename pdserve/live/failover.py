@@ -97,8 +97,11 @@ class Failover:
         old = live.request
         self._drop(live, except_instance=dead)
         self._next_id += 1
+        # the same session and prefix hashes; its history is recomputed, since the KV of
+        # it may have died with the worker (the session binds to where the re-run ends)
         request = Request(self._next_id, old.arrival_s, old.input_tokens, old.output_tokens,
-                          generated_tokens=len(live.token_ids))
+                          session_id=old.session_id, hash_ids=old.hash_ids,
+                          retain_kv=old.retain_kv, generated_tokens=len(live.token_ids))
         request.first_token_s = old.first_token_s
         live.request, live.retries = request, live.retries + 1
         self.live[request.request_id] = live
