@@ -15,6 +15,8 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.tokenizer import TextTokenizer
+from pdserve.live.sessions import LiveSessions
+from pdserve.types import Request
 
 
 def fresh_greedy(prompt_ids: list[int], tokens: int) -> str:
@@ -162,3 +164,20 @@ def test_a_round_whose_worker_dies_is_rerun_in_its_session(tmp_path):
         assert reply.status_code == 200, reply.text
         assert reply.json()["choices"][0]["text"] == fresh_greedy(third, 6)
         assert submitted[2].request.session_id == session_id
+
+
+def test_a_dead_workers_sessions_are_unbound():
+    sessions = LiveSessions()
+    first = Request(1, 0.0, 40, 6)
+    sessions.attach(first, "agent")
+    first.generated_tokens = 6
+    sessions.finished(first, 1)
+    bound = Request(2, 1.0, 60, 6)
+    sessions.attach(bound, "agent")
+    assert (bound.home_instance, bound.history_tokens) == (1, 45)
+    sessions.instance_lost(0)  # another worker: nothing changes
+    sessions.instance_lost(1)
+    later = Request(3, 2.0, 80, 6)
+    sessions.attach(later, "agent")
+    assert (later.home_instance, later.history_tokens, later.cached_prefix_tokens) == (-1, 0, 0)
+    assert later.session_id == first.session_id  # still the same conversation

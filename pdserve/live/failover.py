@@ -84,6 +84,7 @@ class Failover:
             instance, total_blocks)  # its work is gone: policies must not count it
         self._handle(InstanceFailed(instance))
         self.history.source_lost(instance)
+        self.sessions.instance_lost(instance)
         for live in [x for x in self.live.values() if instance in self._holders(x)]:
             judged = verdict(instance, exit_code, live.request.request_id in batch,
                              live.retries)
