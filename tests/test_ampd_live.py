@@ -44,6 +44,16 @@ def record_submissions(driver) -> list:
     driver.submit = recording_submit
     return submitted
 
+
+def session_round(base: str, session: str, prompt: list[int], max_tokens: int) -> str:
+    """One greedy round of session `session`; its text."""
+    reply = httpx.post(f"{base}/v1/completions", headers={"X-Session-Id": session},
+                       timeout=60, json={"model": "tiny", "prompt": prompt,
+                                         "max_tokens": max_tokens, "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["text"]
+
+
 def test_second_round_prefills_only_new_tokens_on_the_bound_worker(tmp_path):
     # 1 prefill + 1 decode worker. A TTFT SLO nobody meets and an ITL SLO everybody meets
     # make Alg. 1 run round 2 locally on the session's decode worker (line 4); round 1,
@@ -94,17 +104,12 @@ def test_remote_round_reads_the_history_and_hands_back_only_new_kv(tmp_path):
     with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
                         ttft_slo_s=100.0, tpot_slo_s=100.0) as (base, driver):
         submitted = record_submissions(driver)
-        headers = {"X-Session-Id": "agent-7"}
         first = tokenizer.encode("Search the web for the capital of France")
-        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
-            "model": "tiny", "prompt": first, "max_tokens": 6, "temperature": 0})
-        assert reply.status_code == 200, reply.text
+        session_round(base, "agent-7", first, 6)
         answer = list(submitted[0].token_ids)
         prefill_before, decode_before = driver.engine_counters[0], driver.engine_counters[1]
         second = first + answer + tokenizer.encode(" Tool result: Paris.")
-        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
-            "model": "tiny", "prompt": second, "max_tokens": 6, "temperature": 0})
-        assert reply.status_code == 200, reply.text
+        text = session_round(base, "agent-7", second, 6)
         request = submitted[1].request
         assert (request.prefill_instance, request.decode_instance) == (0, 1)  # remote
         history = len(first) + len(answer) - 1
@@ -113,7 +118,7 @@ def test_remote_round_reads_the_history_and_hands_back_only_new_kv(tmp_path):
         assert prefill_after[0] - prefill_before[0] == len(second) - history
         assert decode_after[1] - decode_before[1] == history  # merged onto the kept KV
         assert decode_after[0] == decode_before[0]  # the decode worker computed no prefill
-        assert reply.json()["choices"][0]["text"] == fresh_greedy(second, 6)
+        assert text == fresh_greedy(second, 6)
 
 
 def test_a_round_whose_worker_dies_is_rerun_in_its_session(tmp_path):
@@ -126,9 +131,7 @@ def test_a_round_whose_worker_dies_is_rerun_in_its_session(tmp_path):
         submitted = record_submissions(driver)
         headers = {"X-Session-Id": "agent-9"}
         first = tokenizer.encode("Search the web for the capital of France")
-        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
-            "model": "tiny", "prompt": first, "max_tokens": 6, "temperature": 0})
-        assert reply.status_code == 200, reply.text
+        session_round(base, "agent-9", first, 6)
         second = first + list(submitted[0].token_ids) + tokenizer.encode(" Tool: Paris.")
         session_id = submitted[0].request.session_id
         streamed: dict = {}
@@ -159,10 +162,7 @@ def test_a_round_whose_worker_dies_is_rerun_in_its_session(tmp_path):
         rerun = submitted[1]
         assert rerun.retries == 1 and rerun.request.session_id == session_id
         third = second + list(rerun.token_ids) + tokenizer.encode(" Done?")
-        reply = httpx.post(f"{base}/v1/completions", headers=headers, timeout=60, json={
-            "model": "tiny", "prompt": third, "max_tokens": 6, "temperature": 0})
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["choices"][0]["text"] == fresh_greedy(third, 6)
+        assert session_round(base, "agent-9", third, 6) == fresh_greedy(third, 6)
         assert submitted[2].request.session_id == session_id
 
 
