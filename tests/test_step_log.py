@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pdserve.perf.fit import fit_steps
@@ -104,3 +105,21 @@ def test_per_role_fit_takes_prefill_from_the_prefill_worker_and_decode_from_the_
     assert fitted.kv_capacity_tokens == BASE.kv_capacity_tokens
     with pytest.raises(ValueError, match="steps-7.csv"):
         fit_step_log_by_role(tmp_path / "pd", BASE, 0, 7)
+
+
+def test_in_situ_fit_prices_the_mean_period_under_interference():
+    """Periods in a deployment = the batch's time x interference (>= 1, right-skewed). The
+    in-situ fit must price the mean period, which sets utilisation and TPOT; a
+    relative-error fit would sit near the fastest periods."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(4):
+        for decodes in (1, 2, 4, 8, 16, 32, 48, 64):
+            for per_seq in (100, 400, 900):
+                ctx = decodes * per_seq
+                slow = 1.0 + rng.lognormal(mean=-1.0, sigma=1.0)  # mean about 1.6
+                rows.append((decodes, ctx, 0, 0, TRUE.decode.step_s(decodes, ctx) * slow))
+    _, decode = fit_steps(rows)
+    measured = np.array([row[4] for row in rows])
+    predicted = np.array([decode.step_s(d, c) for d, c, *_ in rows])
+    assert predicted.mean() == pytest.approx(measured.mean(), rel=0.05)
