@@ -20,6 +20,10 @@
   (d) mooncake-conv (first 10 minutes), 4P4D Llama-3.1-8B on A100, TTFT 30 s / TPOT 0.1 s:
       goodput (highest rate with >= 90 % SLO attainment) of flowkv with and without
       prefix-aware prefill routing (prefix caches on in both)
+  (e) elastic scaling (pdserve's own): azure-code, 30 minutes, Llama-3.1-8B on A100, TTFT
+      2 s / TPOT 0.1 s, at rate x1 and x2: static 2P2D and 3P3D, flowkv 2P2D without
+      scaling, 2P2D + 2 reserve scaling up only, and scaling both ways with the low-load
+      duration at 30 s (the default), 120 s and 300 s: attainment, TTFT, instance-seconds
   sensitivity: (a)'s 8B 5K point and (b)'s P-L20/D-H20 point under other weights,
       thresholds, hysteresis and lending terms
 
@@ -180,6 +184,44 @@ def part_d() -> dict:
     return out
 
 
+E_NEVER = 1e9  # a duration threshold that never passes: that scaling direction is off
+E_SYSTEMS: list[tuple[str, dict, FlowKVSettings | None]] = [
+    ("static-pd 2P2D", dict(policy="static-pd", prefill=2, decode=2), None),
+    ("static-pd 3P3D", dict(policy="static-pd", prefill=3, decode=3), None),
+    ("flowkv 2P2D, no scaling", dict(policy="flowkv", prefill=2, decode=2),
+     FlowKVSettings(scale_up_after_s=E_NEVER, scale_down_after_s=E_NEVER)),
+    ("flowkv 2P2D+2R, up only", dict(policy="flowkv", prefill=2, decode=2, reserve=2),
+     FlowKVSettings(scale_down_after_s=E_NEVER)),
+    *[(f"flowkv 2P2D+2R, down after {down:g}s low",
+       dict(policy="flowkv", prefill=2, decode=2, reserve=2),
+       FlowKVSettings(scale_down_after_s=down)) for down in (30.0, 120.0, 300.0)],
+]
+
+
+def part_e() -> list[dict]:
+    rows = []
+    for scale in (1.0, 2.0):
+        for label, fields, settings in E_SYSTEMS:
+            config = SimConfig(trace="azure-code", duration_s=1800.0, model="llama-3.1-8b",
+                               gpu="a100", ttft_slo_s=2.0, tpot_slo_s=0.1, rate_scale=scale,
+                               **fields)
+            summary, result = run(config, settings)
+            starts = sum(1 for event in result.scaling_events if event[2] == "start")
+            stops = sum(1 for event in result.scaling_events if event[2] == "stop"
+                        and event[0] > 0)
+            row = {"rate_scale": scale, "system": label,
+                   "attainment": summary.slo_attainment, "ttft_p50_s": summary.ttft_s.p50,
+                   "ttft_p90_s": summary.ttft_s.p90, "tpot_p90_s": summary.tpot_s.p90,
+                   "instance_s": result.instance_s_total, "end_s": result.end_s,
+                   "starts": starts, "stops": stops}
+            rows.append(row)
+            print(f"(e) x{scale:g} {label}: attainment {row['attainment']:.1%}, TTFT P50/P90 "
+                  f"{row['ttft_p50_s']:.2f}/{row['ttft_p90_s']:.2f}s, TPOT P90 "
+                  f"{row['tpot_p90_s'] * 1e3:.0f} ms, {row['instance_s']:.0f} instance-s "
+                  f"over {row['end_s']:.0f}s, {starts} starts, {stops} stops", flush=True)
+    return rows
+
+
 def variants() -> dict[str, FlowKVSettings]:
     base = FlowKVSettings()
     uniform = ScoreWeights(*[1 / 8] * 8)
@@ -219,11 +261,12 @@ def sensitivity() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="write results.json here")
-    parser.add_argument("--parts", default="abcds", help="which parts to run [abcds]")
+    parser.add_argument("--parts", default="abcdes", help="which parts to run [abcdes]")
     args = parser.parse_args()
     started = time.perf_counter()
     results: dict = {}
-    steps = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "s": sensitivity}
+    steps = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e,
+             "s": sensitivity}
     for part in args.parts:
         results[part] = steps[part]()
     print(f"done in {time.perf_counter() - started:.0f}s wall")

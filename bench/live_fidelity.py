@@ -9,17 +9,27 @@ workers than cores would time-share cores, which no performance model here descr
 2. The rate: the smallest rate scale of the clip at which the simulated colocated TTFT P50
    (on the contended profile) is at least `--queueing-factor` x the clip's median prefill
    time, i.e. queueing, not the prefill itself, dominates TTFT (`--rate-scale` overrides).
-3. An in-situ profile: one colocated live run on the *next* `--duration` seconds of the
-   trace at the same rate, with `PDSERVE_STEP_LOG` set, so every worker logs the batches it
-   ran and each one's period (start to the next batch's start while busy, so what the worker
-   does between batches counts); the runtime model is fitted to those rows
-   (`pdserve.perf.step_log.fit_step_log`). It sees what the isolated profiles cannot: the
-   server and the load client sharing the two cores.
+3. In-situ profiles: live runs on the *next* `--duration` seconds of the trace at the same
+   rate, with `PDSERVE_STEP_LOG` set, so every worker logs the batches it ran and each
+   one's period (start to the next batch's start while busy, so what the worker does
+   between batches counts): a colocated run, whose rows fit one model
+   (`perf.step_log.fit_step_log`), and a static-pd 1P1D run, whose prefill worker's rows fit
+   the prefill side and decode worker's rows the decode side
+   (`fit_step_log_by_role`: each role's own share of the KV hand-off and of the cores).
+   The colocated run also measures the control plane's latency: the driver logs when it
+   admitted each request and when the batch that made its first token ended
+   (`live/timeline.py`), the client when it sent it and got the text, on one clock; what is
+   outside admission..batch end (HTTP, tokenizing, pipes, streaming) is
+   `SimConfig.control_latency_s` (its median).
 4. For colocated (2 mixed), static-pd 1P1D and arrow (1P1D start): `--repeats` live runs,
-   each a fresh `pdserve serve` with real HTTP streaming; the simulator runs the identical
-   workload once per profile (it is deterministic).
+   each a fresh `pdserve serve` with real HTTP streaming (each logging the same timeline, so
+   every run's TTFT splits into the part the simulator models and the control plane's);
+   the simulator runs the identical workload once per model (it is deterministic):
+   alone, contended, in-situ (colocated fit), per role (the 1P1D fit for the PD policies),
+   and per role + control latency.
 5. Prints simulated vs live P50/P90 TTFT and TPOT with the error of each
-   ((sim - live) / live, against the mean of the live repeats, with their spread).
+   ((sim - live) / live, against the mean of the live repeats, with their spread); with
+   `--below-knee-factor F` the same comparison again at F x the rate.
 
     python bench/live_fidelity.py --out docs/results/fidelity   # about 15 minutes
 """
@@ -33,14 +43,16 @@ from pathlib import Path
 
 import numpy as np
 
+from pdserve.bench.client import ClientTimeline
 from pdserve.bench.live_replay import serve_and_replay
 from pdserve.bench.metrics import Summary, summarize
 from pdserve.bench.traces import load_trace
 from pdserve.bench.workload import Workload
 from pdserve.config import SimConfig
 from pdserve.engine.profile import ProfileGrid, profile_engine
+from pdserve.live.timeline import read_timeline, split_ttft
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.step_log import STEP_LOG_ENV, fit_step_log
+from pdserve.perf.step_log import STEP_LOG_ENV, fit_step_log, fit_step_log_by_role
 from pdserve.sim.runner import Experiment
 from pdserve.types import SLO
 
@@ -57,16 +69,31 @@ def stats_of(summary: Summary) -> dict[str, float]:
             "requests": summary.requests}
 
 
-def sim_config(policy: str, slo: SLO) -> SimConfig:
+def sim_config(policy: str, slo: SLO, control_latency_s: float = 0.0) -> SimConfig:
     prefill, decode = POLICIES[policy]
     return SimConfig(policy=policy, instances=INSTANCES, prefill=prefill, decode=decode,
                      chunk_size_tokens=CHUNK, max_batch_size=MAX_BATCH, ttft_slo_s=slo.ttft_s,
-                     tpot_slo_s=slo.tpot_s, monitor_interval_s=0.5)
+                     tpot_slo_s=slo.tpot_s, monitor_interval_s=0.5,
+                     control_latency_s=control_latency_s)
 
 
-def simulate(policy: str, slo: SLO, workload: Workload, perf: PerfModel) -> Summary:
-    result = Experiment(sim_config(policy, slo), workload, perf).simulate(1.0)
-    return summarize(result.requests, slo)
+def simulate(policy: str, slo: SLO, workload: Workload, perf: PerfModel,
+             control_latency_s: float = 0.0) -> Summary:
+    experiment = Experiment(sim_config(policy, slo, control_latency_s), workload, perf)
+    return summarize(experiment.simulate(1.0).requests, slo)
+
+
+def describe_split(split: dict[str, list[float]]) -> dict[str, float]:
+    out: dict[str, float] = {"requests": float(len(split["in"]))}
+    for part, values in split.items():
+        if values:
+            out[f"{part}_p50_s"] = float(np.percentile(values, 50))
+            out[f"{part}_p90_s"] = float(np.percentile(values, 90))
+    if split["in"]:
+        control = np.add(split["in"], split["out"])
+        out["control_p50_s"] = float(np.percentile(control, 50))
+        out["control_p90_s"] = float(np.percentile(control, 90))
+    return out
 
 
 def pick_rate(base: Workload, duration_s: float, slo: SLO, perf: PerfModel,
@@ -88,6 +115,65 @@ def error_pct(simulated: float, live: float) -> float:
     return 100.0 * (simulated - live) / live if live > 0 else float("nan")
 
 
+def live_run(policy: str, slo: SLO, workload: Workload, perf_file: Path, timeout_s: float,
+             log_dir: Path) -> tuple[Summary, dict[str, list[float]]]:
+    """One fresh server replaying `workload`; its workers' step logs and the TTFT split
+    land in `log_dir`."""
+    prefill, decode = POLICIES[policy]
+    flags = ["--policy", policy]
+    if policy != "colocated":
+        flags += ["--prefill", str(prefill), "--decode", str(decode)]
+    if log_dir.exists():
+        for old in log_dir.glob("*.csv"):
+            old.unlink()
+    client: ClientTimeline = {}
+    requests = serve_and_replay("tiny", INSTANCES, flags, perf_file, slo, workload,
+                                timeout_s, KV_BLOCKS, CHUNK, MAX_BATCH,
+                                env={STEP_LOG_ENV: str(log_dir)}, timeline=client)
+    return summarize(requests, slo), split_ttft(client, read_timeline(log_dir))
+
+
+def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace, slo: SLO,
+            perf_file: Path, perfs: dict[str, PerfModel], pd_model: PerfModel,
+            control_latency_s: float) -> dict[str, object]:
+    """Live repeats and simulations of every policy at `rate`; prints the table."""
+    workload = base.scaled(rate).window(0.0, args.duration)
+    print(f"rate scale {rate}: {len(workload)} requests over {workload.span_s:.0f}s")
+    models = [*perfs, "per role", "per role + control"]
+    report: dict[str, object] = {"rate_scale": rate, "requests": len(workload),
+                                 "control_latency_s": control_latency_s, "policies": {}}
+    header = f"{'policy':<11}{'stat':<12}{'live mean':>10}{'live min..max':>17}"
+    header += "".join(f"{'sim ' + name:>21}{'err':>7}" for name in models)
+    lines = [header]
+    for policy in POLICIES:
+        live_runs, splits = [], []
+        for repeat in range(repeats):
+            summary, split = live_run(policy, slo, workload, perf_file, args.duration + 180,
+                                      args.out / "timelines" / f"{policy}-x{rate:g}-{repeat}")
+            live_runs.append(stats_of(summary))
+            splits.append(describe_split(split))
+            print(f"{policy} live run {repeat + 1}: {live_runs[-1]}; TTFT split {splits[-1]}",
+                  flush=True)
+        role_model = perfs["in-situ"] if policy == "colocated" else pd_model
+        sims = {name: stats_of(simulate(policy, slo, workload, model))
+                for name, model in perfs.items()}
+        sims["per role"] = stats_of(simulate(policy, slo, workload, role_model))
+        sims["per role + control"] = stats_of(simulate(policy, slo, workload, role_model,
+                                                       control_latency_s))
+        report["policies"][policy] = {"live": live_runs,  # type: ignore[index]
+                                      "ttft_split": splits, "sim": sims}
+        for stat in STATS:
+            values = [run[stat] for run in live_runs]
+            mean = float(np.mean(values))
+            line = (f"{policy:<11}{stat:<12}{mean:>10.4f}"
+                    f"{f'{min(values):.4f}..{max(values):.4f}':>17}")
+            for name in models:
+                line += f"{sims[name][stat]:>21.4f}{error_pct(sims[name][stat], mean):>6.0f}%"
+            lines.append(line)
+    print("\n".join(lines), flush=True)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/fidelity"))
@@ -96,6 +182,9 @@ def main() -> None:
     parser.add_argument("--rate-scale", type=float, default=0.0, help="0: pick (step 2)")
     parser.add_argument("--queueing-factor", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--below-knee-factor", type=float, default=0.0,
+                        help="also compare at this fraction of the rate (0: skip)")
+    parser.add_argument("--below-repeats", type=int, default=2)
     parser.add_argument("--max-input-tokens", type=int, default=512)
     parser.add_argument("--max-output-tokens", type=int, default=64)
     args = parser.parse_args()
@@ -117,52 +206,34 @@ def main() -> None:
     slo = SLO(4 * perf.prefill.time_s(p90_prompt, p90_prompt**2),
               4 * perf.decode.step_s(8, 8 * median_context))
     rate = args.rate_scale or pick_rate(base, args.duration, slo, perf, args.queueing_factor)
-    workload = base.scaled(rate).window(0.0, args.duration)
-    print(f"rate scale {rate}: {len(workload)} requests over {workload.span_s:.0f}s; SLOs "
-          f"TTFT {slo.ttft_s:.3f}s, TPOT {slo.tpot_s:.4f}s")
-    step_logs = args.out / "step-logs"
-    for old in step_logs.glob("steps-*.csv"):
-        old.unlink()
-    calibration = base.scaled(rate).window(args.duration, args.duration)
-    serve_and_replay("tiny", INSTANCES, ["--policy", "colocated"], profiles["contended"], slo,
-                     calibration, args.duration + 180, KV_BLOCKS, CHUNK, MAX_BATCH,
-                     env={STEP_LOG_ENV: str(step_logs)})
-    in_situ = fit_step_log(step_logs, perf)
-    profiles["in-situ"] = args.out / "tiny-profile-in-situ.json"
-    in_situ.save(profiles["in-situ"])
-    perfs["in-situ"] = in_situ
-    print(f"in-situ profile from {len(calibration)} requests' steps: prefill R2 "
-          f"{in_situ.prefill.r2:.3f}")
+    print(f"rate scale {rate}; SLOs TTFT {slo.ttft_s:.3f}s, TPOT {slo.tpot_s:.4f}s")
 
-    report: dict[str, object] = {"rate_scale": rate, "requests": len(workload),
-                                 "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
-                                 "policies": {}}
-    header = f"{'policy':<11}{'stat':<12}{'live mean':>10}{'live min..max':>17}"
-    header += "".join(f"{'sim ' + name:>15}{'err':>8}" for name in perfs)
-    lines = [header]
-    for policy, (prefill, decode) in POLICIES.items():
-        flags = ["--policy", policy]
-        if policy != "colocated":
-            flags += ["--prefill", str(prefill), "--decode", str(decode)]
-        live_runs = []
-        for repeat in range(args.repeats):
-            requests = serve_and_replay("tiny", INSTANCES, flags, profiles["contended"], slo,
-                                        workload, args.duration + 180, KV_BLOCKS, CHUNK,
-                                        MAX_BATCH)
-            live_runs.append(stats_of(summarize(requests, slo)))
-            print(f"{policy} live run {repeat + 1}: {live_runs[-1]}")
-        sims = {name: stats_of(simulate(policy, slo, workload, model))
-                for name, model in perfs.items()}
-        report["policies"][policy] = {"live": live_runs, "sim": sims}  # type: ignore[index]
-        for stat in STATS:
-            values = [run[stat] for run in live_runs]
-            mean = float(np.mean(values))
-            line = (f"{policy:<11}{stat:<12}{mean:>10.4f}"
-                    f"{f'{min(values):.4f}..{max(values):.4f}':>17}")
-            for name in perfs:
-                line += f"{sims[name][stat]:>15.4f}{error_pct(sims[name][stat], mean):>7.0f}%"
-            lines.append(line)
-    print("\n".join(lines))
+    calibration = base.scaled(rate).window(args.duration, args.duration)
+    timeout_s = args.duration + 180
+    _, split = live_run("colocated", slo, calibration, profiles["contended"], timeout_s,
+                        args.out / "step-logs")
+    in_situ = fit_step_log(args.out / "step-logs", perf)
+    control = describe_split(split)
+    control_latency_s = control["control_p50_s"]
+    live_run("static-pd", slo, calibration, profiles["contended"], timeout_s,
+             args.out / "step-logs-pd")
+    pd_model = fit_step_log_by_role(args.out / "step-logs-pd", perf, 0, 1)
+    for name, model in (("in-situ", in_situ), ("in-situ-pd", pd_model)):
+        model.save(args.out / f"tiny-profile-{name}.json")
+    perfs["in-situ"] = in_situ
+    print(f"in-situ: colocated fit R2 {in_situ.prefill.r2:.3f}; per-role fit prefill R2 "
+          f"{pd_model.prefill.r2:.3f}, decode R2 {pd_model.decode.r2:.3f}; control plane "
+          f"{control}", flush=True)
+
+    report: dict[str, object] = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+                                 "calibration_ttft_split": control}
+    report["at_knee"] = compare(rate, args.repeats, base, args, slo, profiles["contended"], perfs,
+                                pd_model, control_latency_s)
+    if args.below_knee_factor:
+        report["below_knee"] = compare(round(rate * args.below_knee_factor, 3),
+                                       args.below_repeats, base, args, slo,
+                                       profiles["contended"], perfs, pd_model,
+                                       control_latency_s)
     (args.out / "live_fidelity.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"total {time.perf_counter() - started:.0f}s; wrote {args.out}/")
 

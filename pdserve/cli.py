@@ -66,6 +66,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
                    "per-GPU groups COUNTxGPU[/tpN]:ROLE,... (roles prefill, decode, mixed, "
                    "reserve), e.g. 4xl20:prefill,4xh20:decode [8]")
     c.add_argument("--reserve", type=int, help="flowkv: instances held back for scaling [0]")
+    c.add_argument("--instance-startup-s", type=float, help="seconds a scaled-up instance "
+                   "takes to start serving [20]")
     c.add_argument("--phase-priority", choices=["decode-first", "prefill-first"],
                    help="local schedulers' phase priority [the policy's]")
     c.add_argument("--prefix-block-tokens", type=int, help="tokens per prefix hash of the "
@@ -166,6 +168,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         write_summary_json(out / "summary.json", summary, asdict(config), goodput,
                            {"flips": result.flips, "role_changes": len(result.role_changes),
                             "simulated_s": result.end_s, "sessions": asdict(result.sessions),
+                            "instance_s_total": result.instance_s_total,
                             "migrations": result.migrations})
         write_requests_csv(out / "requests.csv", result.requests, experiment.slo)
         plots.plot_latency_cdfs(out / "latency_cdf.png", result.requests, experiment.slo,

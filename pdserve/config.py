@@ -43,6 +43,7 @@ class SimConfig:
     decode_router: str = ""
     instances: int | str = 8  # colocated presets; or groups: 4xl20:prefill,4xh20:decode
     reserve: int = 0  # flowkv: instances held back for elastic scaling
+    instance_startup_s: float = 20.0  # a started (scaled-up) instance serves after this
     prefix_aware_routing: bool = True  # flowkv: prefill routing counts prefix-cache hits
     phase_priority: str = ""  # "" keeps the policy's; decode-first | prefill-first
     prefill: int = 4  # disaggregated presets
@@ -66,6 +67,9 @@ class SimConfig:
     # tokens per prefix hash (Mooncake: 512); 0: no prefix cache; -1: 512 for the flowkv
     # preset, off otherwise (the cache changes results on traces with hash ids, and costs speed)
     prefix_block_tokens: int = -1
+    # the control plane's latency per request (client -> instance plus token -> client),
+    # added to every output time; 0 for GPU clusters, measured live by bench/live_fidelity.py
+    control_latency_s: float = 0.0
     monitor_interval_s: float = 1.0
     monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
     arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
@@ -107,7 +111,8 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"config field {name!r} must be positive, got {value!r}")
-        for name in ("arrow_min_dwell_s", "arrow_monitor_cooldown_s"):
+        for name in ("arrow_min_dwell_s", "arrow_monitor_cooldown_s", "instance_startup_s",
+                     "control_latency_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config field {name!r} must not be negative, got "
                                  f"{getattr(self, name)!r}")

@@ -139,6 +139,21 @@ class Request:
         return not math.isnan(self.finish_s)
 
 
+def add_control_latency(requests: Iterable[Request], latency_s: float) -> None:
+    """What the client sees: each request reached its instance `latency_s` late in total
+    (HTTP, tokenizing, the driver, pipes, streaming back), so every output time moves by it;
+    TPOT and ITL do not change. A constant shift of arrivals leaves queueing as it was, so
+    adding it after a run equals simulating it (except for session rounds, which chain on
+    the simulated finish)."""
+    if not latency_s:
+        return
+    for request in requests:
+        request.first_token_s += latency_s
+        request.finish_s += latency_s
+        request.decode_first_token_s += latency_s
+        request.last_token_s += latency_s
+
+
 def record_decode_tokens(requests: Iterable[Request], first_s: float, last_s: float,
                          max_gap_between_s: float = 0.0) -> None:
     """One decode instance emitted tokens for each of `requests` (a batch): the first at

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from conftest import make_perf
 
-from pdserve.cluster.messages import ClusterView, SetPhasePriority
+from pdserve.cluster.messages import ClusterView, SetPhasePriority, StartInstance, StopInstance
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import PhasePriority
@@ -150,12 +150,12 @@ def test_idle_instances_help_the_overloaded_phase_and_go_home_after_their_term()
     assert board.roles[0] is Role.MIXED and 0 in board.decode_candidates
 
 
-def test_scale_up_after_sustained_overload_with_start_up_delay_then_down_when_idle():
+def test_scale_up_starts_a_stopped_reserve_then_down_stops_it_when_drained():
     homes = [Role.PREFILL, Role.DECODE, Role.RESERVE, Role.RESERVE]
-    settings = FlowKVSettings(scale_up_after_s=5, startup_delay_s=10, scale_cooldown_s=20,
-                              scale_down_after_s=15)
+    settings = FlowKVSettings(scale_up_after_s=5, scale_cooldown_s=20, scale_down_after_s=15)
     context = _context(homes, settings)
     board = RoleBoard(list(homes))
+    board.stopped.update({2, 3})  # as the scheduler holds reserves at the start
     scaler = ElasticScaler(context)
     view = ClusterView(0.0, [IDLE] * 4)
     context.classifier.prefill_level = 2  # prefill overloaded
@@ -167,24 +167,53 @@ def test_scale_up_after_sustained_overload_with_start_up_delay_then_down_when_id
     view.now_s = 5.0
     scaler.on_tick(view, board)
     assert list(scaler.starting) == [2] and board.roles[2] is Role.RESERVE
-    assert "scale up" in scaler.events[-1][3]
-    for t in range(6, 15):  # still overloaded, but one instance is starting: cooldown
+    [start] = board.take_changes()
+    assert start == StartInstance(2) and "scale up" in start.reason
+    for t in range(6, 15):  # still overloaded, one instance starting, cooldown: no second
         view.now_s = float(t)
         scaler.on_tick(view, board)
+        scaler.on_started(2, view, board)  # progress elsewhere: not started yet, no effect
     assert board.roles[2] is Role.RESERVE and len(scaler.starting) == 1
-    view.now_s = 15.0
-    scaler.on_tick(view, board)
+    assert board.take_changes() == []
+    view.now_s = 15.5  # the driver reports it up (InstanceStarted -> on_progress)
+    board.mark_started(2)
+    scaler.on_started(2, view, board)
     assert board.roles[2] is Role.PREFILL and 2 in board.prefill_candidates
-    assert context.side(Role.PREFILL, board) == [0, 2]
+    assert context.side(Role.PREFILL, board) == [0, 2] and not scaler.starting
+    board.take_changes()
     # load vanishes: after the cooldown and 15 s of low load, one prefill instance leaves
     context.classifier.prefill_level = 0
     context.classifier.low_load = True
     context.c_prefill = context.c_decode = 0.0
-    downs = []
+    downs, stops = [], []
     for t in range(16, 80):
         view.now_s = float(t)
         scaler.on_tick(view, board)
         downs += [e for e in scaler.events if e[2] == "to reserve" and e not in downs]
+        stops += [a for a in board.take_changes() if isinstance(a, StopInstance)]
     assert [e[1] for e in downs] == [2]  # the newest prefill instance; D keeps its only one
     assert downs[0][0] == 16.0 + 15 and board.roles[2] is Role.RESERVE
     assert board.roles[:2] == [Role.PREFILL, Role.DECODE]
+    assert [a.instance_id for a in stops] == [2]  # drained (idle) at its next tick: stopped
+    assert 2 in board.stopped
+
+
+def _overloaded_scaler(stopped: set[int]) -> tuple[ElasticScaler, RoleBoard]:
+    homes = [Role.PREFILL, Role.DECODE, Role.RESERVE, Role.RESERVE]
+    context = _context(homes, FlowKVSettings(scale_up_after_s=0, scale_cooldown_s=0))
+    board = RoleBoard(list(homes))
+    board.stopped.update(stopped)
+    context.classifier.prefill_level = 2
+    context.c_prefill, context.c_decode = 0.9, 0.3
+    return ElasticScaler(context), board
+
+
+def test_scale_up_prefers_a_reserve_still_running_which_serves_at_once():
+    scaler, board = _overloaded_scaler(stopped={2})  # 3 was scaled down, not yet stopped
+    scaler.on_tick(ClusterView(0.0, [IDLE] * 4), board)
+    assert not scaler.starting and board.roles[3] is Role.PREFILL  # no start-up to wait for
+    assert not [a for a in board.take_changes() if isinstance(a, StartInstance)]
+    scaler, board = _overloaded_scaler(stopped={2})  # 3 still drains its decodes
+    scaler.on_tick(ClusterView(0.0, [IDLE, IDLE, IDLE, replace(IDLE, running_decodes=1)]),
+                   board)
+    assert list(scaler.starting) == [2] and board.roles[3] is Role.RESERVE

@@ -123,7 +123,8 @@ def test_gpu_groups_give_each_instance_its_own_model_memory_and_node():
 def test_flowkv_scales_up_from_its_reserve_under_overload():
     config = SimConfig(policy="flowkv", trace="synthetic", synthetic_requests=400,
                        synthetic_rate_rps=6.0, synthetic_lengths="fixed:4000:200",
-                       prefill=1, decode=1, reserve=2, model="llama-3.1-8b", gpu="a100")
+                       prefill=1, decode=1, reserve=2, model="llama-3.1-8b", gpu="a100",
+                       instance_startup_s=7.0)
     result = Experiment.from_config(config).simulate()
     ups = [c for c in result.role_changes if "scale up" in c.reason]
     assert ups and all(c.instance_id in (2, 3) for c in ups)
@@ -131,3 +132,15 @@ def test_flowkv_scales_up_from_its_reserve_under_overload():
     served = {r.prefill_instance for r in result.requests} | \
         {r.decode_instance for r in result.requests}
     assert served & {2, 3}
+    # both reserves start stopped; a scaled-up one serves instance_startup_s after its start
+    events = result.scaling_events
+    assert [(t, i, what) for t, i, what, _ in events[:2]] == [(0.0, 2, "stop"), (0.0, 3, "stop")]
+    starts = {i: t for t, i, what, _ in events if what == "start"}
+    started = {i: t for t, i, what, _ in events if what == "started"}
+    assert starts and set(started) == set(starts)
+    for i, t in starts.items():
+        assert started[i] == pytest.approx(t + 7.0)
+        role_times = [c.time_s for c in ups if c.instance_id == i]
+        assert role_times and min(role_times) == pytest.approx(started[i])  # serves then
+    # stopped time is not run time
+    assert result.instance_s_total < 4 * result.end_s - 7.0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pdserve.perf.fit import fit_steps
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
-from pdserve.perf.step_log import StepLog, fit_step_log, read_step_logs
+from pdserve.perf.step_log import StepLog, fit_step_log, fit_step_log_by_role, read_step_logs
 from pdserve.types import attn_units
 
 TRUE = PerfModel("truth", PrefillCoeffs(0.004, 2e-5, 3e-9), DecodeCoeffs(0.004, 3e-4, 2e-7),
@@ -75,3 +76,50 @@ def test_a_logged_batch_lasts_until_the_next_batch_starts_unless_the_worker_idle
     log.batch_ran(1, 100, 0, 0, 20.0)
     log.close()
     assert read_step_logs([tmp_path / "steps-0.csv"]) == [(4.0, 400.0, 0.0, 0.0, 0.5)]
+
+
+def test_per_role_fit_takes_prefill_from_the_prefill_worker_and_decode_from_the_other(
+        tmp_path, monkeypatch):
+    """A 1P1D run: the prefill worker's batches are slower per token than TRUE says (it
+    also exports KV), the decode worker's steps carry an import overhead; each side of the
+    fitted model follows its own worker."""
+    monkeypatch.setenv("PDSERVE_STEP_LOG", str(tmp_path / "pd"))
+    prefill_log, decode_log = StepLog.from_env(0), StepLog.from_env(1)
+    assert prefill_log is not None and decode_log is not None
+    for tokens in (32, 64, 128, 256, 384, 512):
+        for prior in (0, 256):
+            units = attn_units(tokens, prior)
+            prefill_log.record(0, 0, tokens, units, 1.5 * TRUE.prefill.time_s(tokens, units))
+    for decodes in (1, 2, 4, 8, 16, 32):
+        for context in (100, 400, 900):
+            ctx = decodes * context
+            decode_log.record(decodes, ctx, 0, 0, TRUE.decode.step_s(decodes, ctx) + 0.002)
+    prefill_log.close()
+    decode_log.close()
+    fitted = fit_step_log_by_role(tmp_path / "pd", BASE, prefill_instance=0,
+                                  decode_instance=1)
+    assert fitted.prefill.time_s(256, attn_units(256, 0)) == pytest.approx(
+        1.5 * TRUE.prefill.time_s(256, attn_units(256, 0)), rel=1e-3)
+    assert fitted.decode.step_s(8, 8 * 400) == pytest.approx(
+        TRUE.decode.step_s(8, 8 * 400) + 0.002, rel=1e-3)
+    assert fitted.kv_capacity_tokens == BASE.kv_capacity_tokens
+    with pytest.raises(ValueError, match="steps-7.csv"):
+        fit_step_log_by_role(tmp_path / "pd", BASE, 0, 7)
+
+
+def test_in_situ_fit_prices_the_mean_period_under_interference():
+    """Periods in a deployment = the batch's time x interference (>= 1, right-skewed). The
+    in-situ fit must price the mean period, which sets utilisation and TPOT; a
+    relative-error fit would sit near the fastest periods."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(4):
+        for decodes in (1, 2, 4, 8, 16, 32, 48, 64):
+            for per_seq in (100, 400, 900):
+                ctx = decodes * per_seq
+                slow = 1.0 + rng.lognormal(mean=-1.0, sigma=1.0)  # mean about 1.6
+                rows.append((decodes, ctx, 0, 0, TRUE.decode.step_s(decodes, ctx) * slow))
+    _, decode = fit_steps(rows)
+    measured = np.array([row[4] for row in rows])
+    predicted = np.array([decode.step_s(d, c) for d, c, *_ in rows])
+    assert predicted.mean() == pytest.approx(measured.mean(), rel=0.05)

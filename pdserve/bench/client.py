@@ -36,12 +36,17 @@ def prompt_ids(request: Request) -> list[int]:
             for i in range(request.input_tokens)]
 
 
+# request id -> (the response's id, sent, first text received), `time.monotonic()` times
+ClientTimeline = dict[int, tuple[str, float, float]]
+
+
 async def _one(client: httpx.AsyncClient, model: str, request: Request, origin: float,
-               gate: asyncio.Semaphore) -> None:
+               gate: asyncio.Semaphore, timeline: ClientTimeline | None = None) -> None:
     body = {"model": model, "prompt": prompt_ids(request), "max_tokens": request.output_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     async with gate:
+        sent_s = time.monotonic()
         try:
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code != 200:
@@ -61,6 +66,9 @@ async def _one(client: httpx.AsyncClient, model: str, request: Request, origin: 
                     choice = chunk["choices"][0] if chunk.get("choices") else {}
                     if choice.get("text") and math.isnan(request.first_token_s):
                         request.first_token_s = now
+                        if timeline is not None:
+                            timeline[request.request_id] = (chunk.get("id", ""), sent_s,
+                                                            now + origin)
                     if choice.get("finish_reason"):
                         request.finish_s = now
         except httpx.HTTPError as err:
@@ -71,7 +79,8 @@ async def _one(client: httpx.AsyncClient, model: str, request: Request, origin: 
 
 async def replay(url: str, workload: Workload, model: str, timeout_s: float,
                  max_in_flight: int = 256, api_key: str | None = None,
-                 on_progress: Callable[[int], None] | None = None) -> list[Request]:
+                 on_progress: Callable[[int], None] | None = None,
+                 timeline: ClientTimeline | None = None) -> list[Request]:
     requests = workload.requests()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     gate = asyncio.Semaphore(max_in_flight)
@@ -86,7 +95,8 @@ async def replay(url: str, workload: Workload, model: str, timeout_s: float,
                 break
             if wait > 0:
                 await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(_one(client, model, request, origin, gate)))
+            tasks.append(asyncio.create_task(_one(client, model, request, origin, gate,
+                                                  timeline)))
         pending = set(tasks)
         while pending and time.monotonic() < deadline:
             done, pending = await asyncio.wait(pending, timeout=min(

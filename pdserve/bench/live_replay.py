@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pdserve.bench.client import free_port, replay, wait_until_healthy
+from pdserve.bench.client import ClientTimeline, free_port, replay, wait_until_healthy
 from pdserve.bench.workload import Workload
 from pdserve.types import SLO, Request
 
@@ -21,10 +21,12 @@ from pdserve.types import SLO, Request
 def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], perf_file: Path,
                      slo: SLO, workload: Workload, timeout_s: float, kv_blocks: int,
                      chunk_size_tokens: int, max_batch_size: int,
-                     env: dict[str, str] | None = None) -> list[Request]:
+                     env: dict[str, str] | None = None,
+                     timeline: ClientTimeline | None = None) -> list[Request]:
     """One live run: a fresh server with `instances` workers and the given policy flags
     (e.g. `["--policy", "static-pd", "--prefill", "1", "--decode", "1"]`); `env` adds
-    environment variables for the server and its workers."""
+    environment variables for the server and its workers; `timeline` collects each
+    request's response id, send and first-text times (`bench.client.replay`)."""
     port = free_port()
     command = [sys.executable, "-m", "pdserve.cli", "serve", "--model", model,
                "--instances", str(instances), *policy_args, "--port", str(port),
@@ -36,7 +38,7 @@ def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], per
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(base, 180, lambda: server.poll() is None)
-        return asyncio.run(replay(base, workload, model, timeout_s))
+        return asyncio.run(replay(base, workload, model, timeout_s, timeline=timeline))
     finally:
         server.terminate()
         try:

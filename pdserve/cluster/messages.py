@@ -52,7 +52,16 @@ class InstanceRecovered:
     instance_id: int
 
 
-Event = Arrival | PrefillDone | Finished | Tick | InstanceFailed | InstanceRecovered
+@dataclass(frozen=True, slots=True)
+class InstanceStarted:
+    """An instance a `StartInstance` asked for is up and empty: the world's start-up time
+    (a simulated delay, or a real worker loading its weights) has passed."""
+
+    instance_id: int
+
+
+Event = (Arrival | PrefillDone | Finished | Tick | InstanceFailed | InstanceRecovered
+         | InstanceStarted)
 
 # ---- actions ----
 
@@ -120,8 +129,27 @@ class Migrate:
     reason: str = field(default="", compare=False)
 
 
+@dataclass(frozen=True, slots=True)
+class StartInstance:
+    """Bring a stopped instance up (elastic scaling); the driver answers `InstanceStarted`
+    once it serves. `reason` says which rule decided it."""
+
+    instance_id: int
+    reason: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class StopInstance:
+    """Stop an instance that holds no work (elastic scaling; a reserve at start-up): the
+    simulator stops counting its time, the live driver ends its worker process and frees
+    its KV pool. `reason` says which rule decided it."""
+
+    instance_id: int
+    reason: str = field(default="", compare=False)
+
+
 Action = (DispatchPrefill | DispatchDecode | Reject | SetRole | SetChunkSize | Migrate
-          | SetPhasePriority)
+          | SetPhasePriority | StartInstance | StopInstance)
 
 
 @dataclass(slots=True)

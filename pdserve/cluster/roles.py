@@ -4,6 +4,10 @@ Routers and role managers change roles through `RoleBoard.set_role`; the global 
 turns the changes into `SetRole` actions after each event, so a router may flip an instance
 and dispatch to it in one decision (as Arrow's Algorithm 1 does).
 
+Stopped instances (`stopped`: held in the reserve, or scaled down) hold no work and take
+none; `start_instance` / `stop_instance` queue the `StartInstance` / `StopInstance` actions
+with the other changes, and `mark_started` records the driver's `InstanceStarted`.
+
 Member lists (`pools[role]`, `prefill_candidates`, `decode_candidates`) stay sorted by
 instance id and are updated in place on a change, so a flip costs a few list operations
 rather than a rebuild (it sits on the dispatch path).
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 from bisect import insort
 
-from pdserve.cluster.messages import SetRole
+from pdserve.cluster.messages import SetRole, StartInstance, StopInstance
 from pdserve.types import Role
 
 
@@ -23,7 +27,9 @@ class RoleBoard:
             raise ValueError("a cluster needs at least one instance")
         self.roles = list(roles)
         self.failed: set[int] = set()
-        self._changes: list[SetRole] = []
+        self.stopped: set[int] = set()
+        self.starting: set[int] = set()  # asked to start, not yet serving
+        self._changes: list[SetRole | StartInstance | StopInstance] = []
         self.pools: dict[Role, list[int]] = {role: [] for role in Role}
         self.prefill_candidates: list[int] = []
         self.decode_candidates: list[int] = []
@@ -71,7 +77,23 @@ class RoleBoard:
     def is_live(self, instance_id: int) -> bool:
         return instance_id not in self.failed
 
-    def take_changes(self) -> list[SetRole]:
+    def stop_instance(self, instance_id: int, reason: str) -> None:
+        """Stop an instance that holds no work (the caller checks); it takes none after."""
+        if instance_id not in self.stopped:
+            self.stopped.add(instance_id)
+            self._changes.append(StopInstance(instance_id, reason))
+
+    def start_instance(self, instance_id: int, reason: str) -> None:
+        """Ask for a stopped instance to start; it is stopped until `mark_started`."""
+        if instance_id in self.stopped and instance_id not in self.starting:
+            self.starting.add(instance_id)
+            self._changes.append(StartInstance(instance_id, reason))
+
+    def mark_started(self, instance_id: int) -> None:
+        self.stopped.discard(instance_id)
+        self.starting.discard(instance_id)
+
+    def take_changes(self) -> list[SetRole | StartInstance | StopInstance]:
         changes, self._changes = self._changes, []
         return changes
 

@@ -13,6 +13,11 @@ a phase has none left, and undoes such moves when the instance recovers
 (`InstanceRecovered`), so every policy keeps serving while any instance lives. A router
 whose own pools are empty (its answer is not a live instance of the phase) falls back to the
 least-loaded candidate of the phase.
+
+Elastic scaling: an instance whose first role is `RESERVE` starts stopped (the first
+actions stop it: a live driver never starts its worker); a policy starts and stops
+instances through the role board, and a started instance is announced by the driver's
+`InstanceStarted`, which the role manager sees through `on_progress`.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from pdserve.cluster.messages import (
     Finished,
     InstanceFailed,
     InstanceRecovered,
+    InstanceStarted,
     PrefillDone,
     Reject,
     SetChunkSize,
+    StopInstance,
     Tick,
 )
 from pdserve.cluster.roles import RoleBoard
@@ -52,10 +59,19 @@ class GlobalScheduler:
             Tick: self._on_tick,
             InstanceFailed: self._on_failed,
             InstanceRecovered: self._on_recovered,
+            InstanceStarted: self._on_started,
         }
+        self.board.stopped.update(i for i, role in enumerate(self.board.roles)
+                                  if role is Role.RESERVE)
 
     def initial_actions(self) -> list[Action]:
-        """What drivers apply before the first event: the policy's per-instance chunk sizes."""
+        """What drivers apply before the first event: reserve instances stopped, the
+        policy's per-instance chunk sizes."""
+        stops: list[Action] = [StopInstance(i, "reserve: held back for elastic scaling")
+                               for i in sorted(self.board.stopped)]
+        return [*stops, *self._chunk_sizes()]
+
+    def _chunk_sizes(self) -> list[Action]:
         return [SetChunkSize(i, chunk) for i, chunk in enumerate(self.policy.chunk_sizes_tokens)
                 if chunk > 0]
 
@@ -134,6 +150,14 @@ class GlobalScheduler:
         self.board.mark_recovered(event.instance_id)
         self.coverage.on_recovered(event.instance_id, view, self.board)
         self.coverage.ensure(view, self.board, f"instance {event.instance_id} recovered")
-        # a restarted instance starts with the driver's chunk size: give it its own again
-        return [a for a in self.initial_actions()
-                if isinstance(a, SetChunkSize) and a.instance_id == event.instance_id]
+        return self._own_chunk_size(event.instance_id)
+
+    def _on_started(self, event: InstanceStarted, view: ClusterView) -> list[Action]:
+        self.board.mark_started(event.instance_id)
+        self.policy.role_manager.on_progress(event.instance_id, view, self.board)
+        return self._own_chunk_size(event.instance_id)
+
+    def _own_chunk_size(self, instance_id: int) -> list[Action]:
+        """A (re)started instance runs the driver's chunk size: give it its own again."""
+        return [a for a in self._chunk_sizes()
+                if isinstance(a, SetChunkSize) and a.instance_id == instance_id]

@@ -76,6 +76,11 @@ class InstanceStats:
     decode_forecast: DecodeForecast | None = None
 
     @classmethod
+    def empty(cls, instance_id: int, total_blocks: int) -> InstanceStats:
+        """The load of an instance that holds nothing (stopped, dead, freshly started)."""
+        return cls(instance_id, 0, 0, 0, 0, 0, 0, 0, 0, total_blocks, 0, 0, 0.0)
+
+    @classmethod
     def of(cls, load: InstanceLoad,
            decode_forecast: DecodeForecast | None = None) -> InstanceStats:
         return cls(**{f.name: getattr(load, f.name) for f in fields(cls)

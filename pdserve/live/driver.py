@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import deque
 from dataclasses import replace
@@ -32,23 +31,25 @@ from pdserve.cluster.messages import (
     ClusterView,
     DispatchDecode,
     DispatchPrefill,
-    Finished,
     Migrate,
     PrefillDone,
     Reject,
     SetChunkSize,
     SetPhasePriority,
     SetRole,
+    StartInstance,
+    StopInstance,
     Tick,
 )
 from pdserve.cluster.scheduler import GlobalScheduler
-from pdserve.engine.sampling import SamplingParams, TokenLogprob
+from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.prefix_cache import chain_hashes
 from pdserve.live import status
 from pdserve.live.failover import Failover
+from pdserve.live.lifecycle import WorkerLifecycle
 from pdserve.live.messages import (
     AdoptKV,
     Cancel,
@@ -72,6 +73,8 @@ from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.live.requests import LiveRequest, Overloaded
 from pdserve.live.sessions import HistoryReads, LiveSessions
+from pdserve.live.timeline import RequestTimeline
+from pdserve.live.token_stream import TokenStreams
 from pdserve.policies.base import Policy
 from pdserve.types import Request, attn_units
 
@@ -79,7 +82,7 @@ __all__ = ["LiveDriver", "LiveRequest", "Overloaded"]
 log = logging.getLogger("pdserve.live")
 
 
-class LiveDriver(Failover):
+class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float = 0.5,
                  max_outstanding: int = 256) -> None:
@@ -100,6 +103,9 @@ class LiveDriver(Failover):
         # instance -> its engine's (prefill tokens computed, tokens reused from history)
         self.engine_counters: dict[int, tuple[int, int]] = {}
         self.workers = WorkerProcesses(workers, num_instances)
+        self._starting: set[int] = set()  # workers started on request, not yet ready
+        self.timeline = RequestTimeline.from_env()  # fidelity runs only
+        self._batch_end_s = 0.0  # of the StepDone whose tokens are being handled
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # for calls from other threads
@@ -107,9 +113,11 @@ class LiveDriver(Failover):
     # ---- lifecycle ----
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        initial = self.scheduler.initial_actions()  # reserves stopped, chunk sizes
+        stopped = {a.instance_id for a in initial if isinstance(a, StopInstance)}
         self.view.instances = await self.workers.start(self._on_message, self._on_exit,
-                                                       self._on_ready)
-        self._apply(self.scheduler.initial_actions())  # the policy's chunk sizes
+                                                       self._on_ready, stopped)
+        self._apply([a for a in initial if not isinstance(a, StopInstance)])
         self._tick_task = asyncio.create_task(self._ticks())
 
     async def close(self) -> None:
@@ -221,6 +229,8 @@ class LiveDriver(Failover):
                                  action.target_id, action.reason)
                     self._migration_targets[action.request.request_id] = action.target_id
                     self._send(action.source_id, Detach(action.request.request_id))
+            elif isinstance(action, StartInstance | StopInstance):
+                self._apply_lifecycle(action)
             else:
                 raise ValueError(f"the live driver cannot apply {type(action).__name__}")
 
@@ -271,6 +281,7 @@ class LiveDriver(Failover):
             self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
             self.engine_counters[message.instance_id] = (message.prefill_tokens_total,
                                                          message.reused_tokens_total)
+            self._batch_end_s = message.sent_s
             for request_id, token, reason, logprob in message.tokens:
                 self._on_token(message.instance_id, request_id, token, reason, logprob)
         elif isinstance(message, Executing):
@@ -313,63 +324,6 @@ class LiveDriver(Failover):
             self.metrics.count("migrations")
             live.request.decode_instance = target
             self._move(message.handoff, message.instance_id, target)
-
-    def _on_token(self, instance: int, request_id: int, token: int, reason: str,
-                  logprob: TokenLogprob | None = None) -> None:
-        live = self.live.get(request_id)
-        if live is None or live.tokens_sent >= live.params.max_tokens:
-            return
-        request, now = live.request, time.monotonic()
-        request.generated_tokens += 1
-        if math.isnan(request.first_token_s):
-            request.first_token_s = now
-            self.metrics.ttft.observe(now - request.arrival_s)
-            self.metrics.count("prompt_tokens", len(live.prompt_ids))
-        if instance == request.decode_instance:
-            request.record_decode_tokens(now, now)
-        live.token_ids.append(token)
-        self.metrics.count("generation_tokens")
-        if logprob is not None:  # before the token's text (which may be held back)
-            live.events.put_nowait(("logprob", logprob))
-        delta = live.stream.push(token)
-        if delta:
-            live.events.put_nowait(("text", delta))
-        if reason or live.stream.stopped or live.tokens_sent >= live.params.max_tokens:
-            self._finish(live, instance, reason, now)
-
-    def _finish(self, live: LiveRequest, instance: int, worker_reason: str,
-                now: float) -> None:
-        """`worker_reason` is "" when this driver's text stream saw a stop string before
-        the worker did (or, defensively, max_tokens was reached without the worker saying
-        so); the worker is then told to stop."""
-        request = live.request
-        reason = worker_reason or ("stop" if live.stream.stopped else "length")
-        tail = live.stream.finish()
-        if tail:
-            live.events.put_nowait(("text", tail))
-        request.finish_s = now
-        live.finish_reason = reason
-        self.metrics.e2e.observe(now - request.arrival_s)
-        if live.tokens_sent > 1:
-            self.metrics.tpot.observe((now - request.first_token_s) / (live.tokens_sent - 1))
-        self.metrics.count("completions")
-        self.live.pop(request.request_id, None)
-        if not worker_reason:
-            self._send(instance, Cancel(request.request_id))
-        live.events.put_nowait(("done", reason))
-        if request.session_id >= 0:
-            self.sessions.finished(request, instance)
-        self._handle(Finished(request, instance))
-
-    def _fail(self, live: LiveRequest, message: str, http_status: int, reason: str,
-              except_instance: int = -1) -> None:
-        """End the request with an error the client sees (`reason` labels the metric)."""
-        self._drop(live, except_instance)
-        live.request.rejected_reason = message
-        live.error_status = http_status
-        live.error_type = "invalid_request_error" if http_status < 500 else "server_error"
-        self.metrics.count_failure(reason)
-        live.events.put_nowait(("error", message))
 
     # ---- ticks ----
     async def _ticks(self) -> None:

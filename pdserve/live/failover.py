@@ -20,9 +20,8 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdserve.cluster.messages import Arrival, ClusterView, InstanceFailed, InstanceRecovered
+from pdserve.cluster.messages import Arrival, ClusterView, InstanceFailed
 from pdserve.instance.stats import InstanceStats
-from pdserve.live import status
 from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses
 from pdserve.live.requests import LiveRequest
@@ -81,10 +80,11 @@ class Failover:
                   self.workers.states[instance].value)
         batch = self._executing.pop(instance, frozenset())
         total_blocks = self.view.instances[instance].total_blocks
-        self.view.instances[instance] = status.empty_stats(  # type: ignore[index]
+        self.view.instances[instance] = InstanceStats.empty(  # type: ignore[index]
             instance, total_blocks)  # its work is gone: policies must not count it
         self._handle(InstanceFailed(instance))
         self.history.source_lost(instance)
+        self.sessions.instance_lost(instance)
         for live in [x for x in self.live.values() if instance in self._holders(x)]:
             judged = verdict(instance, exit_code, live.request.request_id in batch,
                              live.retries)
@@ -98,20 +98,14 @@ class Failover:
         old = live.request
         self._drop(live, except_instance=dead)
         self._next_id += 1
+        # the same session and prefix hashes; its history is recomputed, since the KV of
+        # it may have died with the worker (the session binds to where the re-run ends)
         request = Request(self._next_id, old.arrival_s, old.input_tokens, old.output_tokens,
-                          generated_tokens=len(live.token_ids))
+                          session_id=old.session_id, hash_ids=old.hash_ids,
+                          retain_kv=old.retain_kv, generated_tokens=len(live.token_ids))
         request.first_token_s = old.first_token_s
         live.request, live.retries = request, live.retries + 1
         self.live[request.request_id] = live
         self.metrics.count("retries")
         self.metrics.count("resumed_tokens", len(live.token_ids))
         self._handle(Arrival(request))
-
-    def _on_ready(self: LiveDriver, instance: int, stats: InstanceStats,
-                  pool_name: str) -> None:
-        """A restarted worker is up, empty: the scheduler may use it again."""
-        self.metrics.count("worker_restarts")
-        log.warning("worker %d restarted (pid %d)", instance, self.workers.pid(instance))
-        self.view.instances[instance] = stats  # type: ignore[index]
-        self._handle(InstanceRecovered(instance))
-

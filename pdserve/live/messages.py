@@ -122,6 +122,7 @@ class StepDone:
     # tokens a session's kept history provided instead
     prefill_tokens_total: int = 0
     reused_tokens_total: int = 0
+    sent_s: float = 0.0  # time.monotonic() when the worker sent it (the batch's end)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ COUNTERS = {
     "flips": "Instance role changes.",
     "worker_failures": "Worker processes that exited unexpectedly.",
     "worker_restarts": "Worker processes started again after an exit.",
+    "workers_started": "Stopped workers started on the policy's request (elastic scaling).",
+    "workers_stopped": "Workers stopped on the policy's request (drained, or a reserve).",
     "prompt_tokens": "Prompt tokens prefilled (counted once per request).",
     "generation_tokens": "Generated tokens streamed to clients.",
 }

@@ -25,7 +25,7 @@ import multiprocessing
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -61,6 +61,7 @@ class WorkerState(enum.Enum):
     LIVE = "live"
     RESTARTING = "restarting"  # exited; a new process is due or starting
     DEAD = "dead"  # out of restarts
+    STOPPED = "stopped"  # stopped on the scheduler's request (elastic scaling), no process
 
 
 ExitHandler = Callable[[int, int | None], None]  # instance, exit code
@@ -78,6 +79,13 @@ def worker_context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(WORKER_PRELOAD)
     return context
+
+
+def _reap(process: multiprocessing.process.BaseProcess) -> None:
+    process.join(10)
+    if process.is_alive():
+        process.kill()
+        process.join(1)
 
 
 class WorkerProcesses:
@@ -100,7 +108,7 @@ class WorkerProcesses:
 
     @property
     def exited(self) -> set[int]:
-        """Instances not serving now (restarting or dead)."""
+        """Instances not serving now (restarting, dead or stopped)."""
         return {i for i, state in enumerate(self.states) if state is not WorkerState.LIVE}
 
     def _spawn(self, instance: int) -> None:
@@ -116,25 +124,32 @@ class WorkerProcesses:
         self._processes[instance], self._pipes[instance] = process, parent
 
     async def start(self, on_message: Callable[[object], None], on_exit: ExitHandler,
-                    on_ready: ReadyHandler) -> list[InstanceStats]:
-        """Start every worker; returns their first stats. Raises if one does not start."""
+                    on_ready: ReadyHandler, stopped: Collection[int] = ()
+                    ) -> list[InstanceStats]:
+        """Start every worker but the `stopped` ones; returns their first stats (an empty
+        load for a stopped one). Raises if one does not start."""
         self._loop = asyncio.get_running_loop()
         self._on_message, self._on_exit, self._on_ready = on_message, on_exit, on_ready
         s = self.settings
-        for i in range(self.count):
+        running = [i for i in range(self.count) if i not in stopped]
+        for i in running:
             self._spawn(i)
         deadline = time.monotonic() + s.start_timeout_s
-        stats = []
-        for i, pipe in enumerate(self._pipes):
+        stats = [InstanceStats.empty(i, s.kv_blocks) for i in range(self.count)]
+        for i in running:
+            pipe = self._pipes[i]
             if not await asyncio.to_thread(pipe.poll, max(0, deadline - time.monotonic())):
                 await self.stop()
                 raise RuntimeError(f"worker {i} did not start within {s.start_timeout_s:.0f}s")
             message = pipe.recv()
             assert isinstance(message, WorkerReady)
-            stats.append(message.stats)
+            stats[i] = message.stats
             self._pool_names[i] = message.pool_name
         for i in range(self.count):
-            self._watch(i)
+            if i in running:
+                self._watch(i)
+            else:
+                self.states[i] = WorkerState.STOPPED
         return stats
 
     def _watch(self, instance: int) -> None:
@@ -197,14 +212,15 @@ class WorkerProcesses:
         assert self._loop is not None
         self._timers[instance] = self._loop.call_later(delay, self._restart, instance)
 
-    def _restart(self, instance: int) -> None:
+    def _restart(self, instance: int, counted: bool = True) -> None:
         assert self._loop is not None
         self._timers[instance] = None
         if self._stopping:
             return
-        self._pipes[instance].close()
+        if self._pipes[instance] is not None:
+            self._pipes[instance].close()
         self._spawn(instance)
-        self.restarts_total += 1
+        self.restarts_total += counted
         self._loop.add_reader(self._pipes[instance].fileno(), self._first_message, instance)
         self._timers[instance] = self._loop.call_later(
             self.settings.start_timeout_s, self._start_failed, instance)
@@ -243,6 +259,27 @@ class WorkerProcesses:
         else:
             self.states[instance] = WorkerState.DEAD
 
+    # ---- elastic scaling ----
+    def stop_worker(self, instance: int) -> None:
+        """End a worker the scheduler no longer needs (it holds no work): a clean shutdown,
+        no exit report, no restart; its KV pool is freed."""
+        if self.states[instance] is not WorkerState.LIVE or self._loop is None:
+            return
+        self.states[instance] = WorkerState.STOPPED  # its exit is not a failure
+        self._loop.remove_reader(self._pipes[instance].fileno())
+        self._loop.remove_reader(self._processes[instance].sentinel)
+        with contextlib.suppress(OSError, ValueError):
+            self._pipes[instance].send(Shutdown())
+        self._unlink_pool(instance)
+        process = self._processes[instance]
+        self._loop.run_in_executor(None, _reap, process)
+
+    def start_worker(self, instance: int) -> None:
+        """Start a stopped worker; `on_ready` reports it once it serves."""
+        if self.states[instance] is WorkerState.STOPPED and not self._stopping:
+            self.states[instance] = WorkerState.STARTING
+            self._restart(instance, counted=False)
+
     # ---- commands ----
     def send(self, instance: int, command: Command) -> None:
         if self.states[instance] is not WorkerState.LIVE or self._stopping:
@@ -253,7 +290,9 @@ class WorkerProcesses:
             self._exited(instance)
 
     def pid(self, instance: int) -> int:
-        return self._processes[instance].pid
+        """The worker's process id; 0 for one never started."""
+        process = self._processes[instance]
+        return process.pid if process is not None else 0
 
     async def stop(self) -> None:
         """Shut every worker down (no restarts, no exit reports from here on)."""

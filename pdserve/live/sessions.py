@@ -86,6 +86,14 @@ class LiveSessions:
         session.history_tokens = request.input_tokens + request.generated_tokens - 1
 
 
+    def instance_lost(self, instance_id: int) -> None:
+        """A worker died: the histories it kept are gone, so its sessions are unbound (their
+        next rounds are routed as new ones and recompute their history)."""
+        for session in self._sessions.values():
+            if session.home_instance == instance_id:
+                session.home_instance, session.history_tokens = -1, 0
+
+
 class HistoryReads:
     """The driver's side of remote prefills that read a session's history."""
 

@@ -11,17 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pdserve.instance.stats import InstanceStats
 from pdserve.live.metrics import Family
 from pdserve.live.processes import WorkerState
 
 if TYPE_CHECKING:
     from pdserve.live.driver import LiveDriver
-
-
-def empty_stats(instance_id: int, total_blocks: int) -> InstanceStats:
-    """The load of an instance that holds nothing (a dead or freshly restarted worker)."""
-    return InstanceStats(instance_id, 0, 0, 0, 0, 0, 0, 0, 0, total_blocks, 0, 0, 0.0)
 
 
 def health(driver: LiveDriver) -> dict[str, object]:
@@ -35,8 +29,9 @@ def health(driver: LiveDriver) -> dict[str, object]:
         "live": by_state[WorkerState.LIVE],
         "restarting": by_state[WorkerState.RESTARTING],
         "dead": by_state[WorkerState.DEAD],
+        "stopped": by_state[WorkerState.STOPPED],  # on the policy's request (scaling)
         "alive": by_state[WorkerState.LIVE],  # older names of live and not-live
-        "failed": sorted(driver.failed),
+        "failed": sorted(driver.failed - set(by_state[WorkerState.STOPPED])),
         "roles": [role.value for role in board.roles],
         "prefill_capable": list(board.prefill_candidates),
         "decode_capable": list(board.decode_candidates),
@@ -85,6 +80,7 @@ def metric_families(driver: LiveDriver) -> list[Family]:
                [({"instance": str(i), "state": state.value},
                  1.0 if state is WorkerState.LIVE else 0.0) for i, state in enumerate(states)]),
         Family("workers_failed", "gauge", "Workers not serving now (restarting or dead).",
-               [({}, float(len(driver.failed)))]),
+               [({}, float(sum(s in (WorkerState.RESTARTING, WorkerState.DEAD)
+                                for s in states)))]),
     ]
     return families

@@ -317,7 +317,7 @@ class Worker:
         self._reported, self._reported_at = self.stats(), time.monotonic()  # as sent
         self.connection.send(StepDone(self.instance_id, tokens, self._reported,
                                       self.engine.prefill_tokens_total,
-                                      self.engine.reused_tokens_total))
+                                      self.engine.reused_tokens_total, self._reported_at))
         for request_id, (kind, message) in failures.items():
             self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
         for request in result.prefilled:

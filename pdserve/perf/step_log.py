@@ -87,9 +87,25 @@ def read_step_logs(paths: Iterable[Path]) -> list[tuple[float, float, float, flo
 def fit_step_log(directory: Path, base: PerfModel) -> PerfModel:
     """The runtime model fitted to every `steps-*.csv` under `directory`; transfer and KV
     figures come from `base` (step logs hold no transfers)."""
-    paths = sorted(directory.glob("steps-*.csv"))
-    if not paths:
-        raise ValueError(f"{directory}: no steps-*.csv step logs (set {STEP_LOG_ENV})")
-    prefill, decode = fit_steps(read_step_logs(paths))
+    prefill, decode = fit_steps(read_step_logs(_logs(directory, "*")))
     return replace(base, name=f"{base.name}, fitted to {directory.name} step logs",
                    prefill=prefill, decode=decode)
+
+
+def fit_step_log_by_role(directory: Path, base: PerfModel, prefill_instance: int,
+                         decode_instance: int) -> PerfModel:
+    """A disaggregated deployment's model: prefill fitted to the prefill worker's batches,
+    decode to the decode worker's (each one's periods include its own side of the KV
+    hand-off: the export on one, the import between steps on the other)."""
+    prefill, _ = fit_steps(read_step_logs(_logs(directory, str(prefill_instance))))
+    _, decode = fit_steps(read_step_logs(_logs(directory, str(decode_instance))))
+    return replace(base, name=f"{base.name}, fitted per role to {directory.name} step logs",
+                   prefill=prefill, decode=decode)
+
+
+def _logs(directory: Path, instance: str) -> list[Path]:
+    paths = sorted(directory.glob(f"steps-{instance}.csv"))
+    if not paths:
+        raise ValueError(f"{directory}: no steps-{instance}.csv step logs (set "
+                         f"{STEP_LOG_ENV})")
+    return paths

@@ -71,7 +71,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
         started = time.monotonic()
         log.info("starting %d workers", driver.workers.count)
         await driver.start()
-        roles = ", ".join(f"{i}: {role.value} (pid {driver.workers.pid(i)})"
+        roles = ", ".join(f"{i}: {role.value} (pid {driver.workers.pid(i) or 'not started'})"
                           for i, role in enumerate(driver.scheduler.roles))
         log.info("workers up in %.1fs: %s", time.monotonic() - started, roles)
         log.info("serving %r (context %d tokens) on %s", name, settings.context_tokens,

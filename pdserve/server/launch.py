@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastapi import FastAPI
 
@@ -35,6 +35,7 @@ class ServeConfig:
     policy: str = "colocated"
     prefill: int = 2  # disaggregated presets
     decode: int = 2
+    reserve: int = 0  # flowkv: instances held back for elastic scaling (workers stopped)
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str = ""
@@ -54,6 +55,7 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     prefix_block_tokens: int = 16  # tokens per prefix-cache hash in the workers; 0: none
     taichi: TaiChiSettings = field(default_factory=TaiChiSettings)  # --policy taichi
+    flowkv: FlowKVSettings = field(default_factory=FlowKVSettings)  # --policy flowkv
     rebalancer: str = ""  # "" keeps the policy's; ares | reschedule-current | none
     ares_predictor: str = "history"  # history | noisy:mae=N | hidden-state:PATH (no oracle)
 
@@ -66,6 +68,9 @@ class ServeConfig:
                                  f"{getattr(self, name)!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"serve option 'port' must be a TCP port, got {self.port}")
+        if self.reserve < 0 or (self.reserve and self.policy != "flowkv"):
+            raise ValueError(f"serve option 'reserve' ({self.reserve}) needs --policy flowkv "
+                             f"and must not be negative")
         if self.kv_blocks < 0:
             raise ValueError(f"serve option 'kv_blocks' must not be negative, got "
                              f"{self.kv_blocks}")
@@ -131,9 +136,9 @@ def build_app(config: ServeConfig) -> FastAPI:
         log.info("profile %s (%.1fs since start)", origin, time.monotonic() - started)
     policy, count = build_policy(config.policy, PolicySetup(
         perf, SLO(config.ttft_slo_s, config.tpot_slo_s), instances=config.instances,
-        prefill=config.prefill, decode=config.decode,
+        prefill=config.prefill, decode=config.decode, reserve=config.reserve,
         chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
-        flowkv=FlowKVSettings(prefix_block_tokens=config.prefix_block_tokens or 16),
+        flowkv=replace(config.flowkv, prefix_block_tokens=config.prefix_block_tokens or 16),
         taichi=config.taichi, rebalancer=config.rebalancer,
         ares=AresSettings(forecast=ForecastSettings(predictor=config.ares_predictor,
                                                     seed=config.seed))))

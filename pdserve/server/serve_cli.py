@@ -22,6 +22,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", choices=list(PRESETS), default="colocated", help="[colocated]")
     p.add_argument("--prefill", type=int, help="prefill instances (disaggregated presets)")
     p.add_argument("--decode", type=int, help="decode instances (disaggregated presets)")
+    p.add_argument("--reserve", type=int, default=0, help="flowkv: instances held back for "
+                   "elastic scaling; their workers start only when the policy scales up [0]")
     p.add_argument("--host", default="127.0.0.1", help="bind address [127.0.0.1]")
     p.add_argument("--port", type=int, default=8000, help="[8000]")
     p.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY", ""),
@@ -74,7 +76,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     decode = args.decode or max(1, args.instances - prefill)
     config = ServeConfig(
         model=args.model, instances=args.instances, policy=args.policy, prefill=prefill,
-        decode=decode, host=args.host, port=args.port, api_key=args.api_key,
+        decode=decode, reserve=args.reserve, host=args.host, port=args.port, api_key=args.api_key,
         kv_blocks=args.kv_blocks, kv_cache_mib=args.kv_cache_mib,
         chunk_size_tokens=args.chunk_size,
         max_batch_size=args.max_batch_size, max_outstanding=args.max_outstanding,

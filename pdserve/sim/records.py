@@ -41,6 +41,9 @@ class SimResult:
     transfer_calls: dict[int, int] = field(default_factory=dict)  # request id -> calls (sum)
     prefix_hit_tokens: int = 0  # prompt tokens the instances' prefix caches saved computing
     sessions: SessionStats = field(default_factory=SessionStats)
+    instance_s_total: float = 0.0  # instance-seconds run (stopped instances not counted)
+    # elastic scaling: (time, instance, "stop" | "start" | "started", reason)
+    scaling_events: list[tuple[float, int, str, str]] = field(default_factory=list)
     migrations: int = 0  # decode-to-decode moves that left their source (rebalancers)
 
     @property
@@ -66,6 +69,7 @@ class SimSettings:
     transfer_mode: str = "aligned"  # how a transfer's calls are counted (`sim.blocks`)
     kv_layers: int = 32  # layers, for the per-block-per-layer transfer mode
     prefix_block_tokens: int = 0  # tokens per prefix hash; 0: no prefix cache
+    instance_startup_s: float = 20.0  # a started instance serves after this (elastic scaling)
 
     def __post_init__(self) -> None:
         for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps",
@@ -78,5 +82,8 @@ class SimSettings:
         if self.transfer_mode not in TRANSFER_MODES:
             raise ValueError(f"transfer_mode must be one of {', '.join(TRANSFER_MODES)}, got "
                              f"{self.transfer_mode!r}")
+        if self.instance_startup_s < 0:
+            raise ValueError(f"instance_startup_s must not be negative, got "
+                             f"{self.instance_startup_s}")
         if not self.monitor_interval_s > 0:
             raise ValueError(f"monitor_interval_s must be positive, got {self.monitor_interval_s}")

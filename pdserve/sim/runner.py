@@ -25,7 +25,7 @@ from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.sim.hetero import check_layout_roles, heterogeneous_layout
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
-from pdserve.types import SLO, Role
+from pdserve.types import SLO, Role, add_control_latency
 
 
 def load_workload(config: SimConfig) -> Workload:
@@ -88,6 +88,8 @@ class Experiment:
     workload: Workload
     perf: PerfModel
     flowkv: FlowKVSettings | None = None  # flowkv's tunables (default: FlowKVSettings())
+    # one model per instance (e.g. in-situ fits per worker); default: `perf` for every one
+    instance_perfs: tuple[PerfModel, ...] = ()
 
     @classmethod
     def from_config(cls, config: SimConfig) -> Experiment:
@@ -124,13 +126,17 @@ class Experiment:
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
                                config.transfer_calls, config.monitor_interval_s, max_span_steps,
                                effective_transfer_mode(config), kv_layers(config),
-                               effective_prefix_block_tokens(config))
+                               effective_prefix_block_tokens(config),
+                               config.instance_startup_s)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
         if layout is not None:
             check_layout_roles(config.policy, layout.roles)
         topology = layout.topology if layout else build_topology(config, self.perf, count)
-        return Simulator(policy, count, list(perfs) or self.perf, settings, topology).run(
+        models = list(perfs) or list(self.instance_perfs) or self.perf
+        result = Simulator(policy, count, models, settings, topology).run(
             workload.requests(), on_progress)
+        add_control_latency(result.requests, config.control_latency_s)
+        return result
 
     def summarize(self, result: SimResult) -> Summary:
         return summarize(result.requests, self.slo)

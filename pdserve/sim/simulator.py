@@ -40,6 +40,8 @@ from pdserve.cluster.messages import (
     SetChunkSize,
     SetPhasePriority,
     SetRole,
+    StartInstance,
+    StopInstance,
     Tick,
 )
 from pdserve.cluster.scheduler import GlobalScheduler
@@ -53,6 +55,7 @@ from pdserve.policies.base import Policy
 from pdserve.sim.blocks import BlockTable
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.kv_movement import TRANSFER_DONE, KVMovement
+from pdserve.sim.lifecycle import INSTANCE_STARTED, InstanceLifecycle
 from pdserve.sim.links import LinkSimulator
 from pdserve.sim.records import LoadSample, RoleChange, SimResult, SimSettings
 from pdserve.sim.sessions import (
@@ -72,7 +75,7 @@ def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
     return len(heap) == 1 and heap[0][2] == _TICK
 
 
-class Simulator(KVMovement):
+class Simulator(KVMovement, InstanceLifecycle):
     """`perf` is one performance model for every instance or one per instance; `topology`
     places the instances and names their links (default: all on one node, each on its own
     model's GPU link)."""
@@ -133,7 +136,8 @@ class Simulator(KVMovement):
         self._rounds = SessionRounds(())
         self._session_kv = SessionKV([i.local for i in self.instances], self._rounds.stats,
                                      lambda i: self._touch(self.instances[i]))
-        self._apply(self.scheduler.initial_actions())  # the policy's chunk sizes
+        self._init_lifecycle()
+        self._apply(self.scheduler.initial_actions())  # reserves stopped, chunk sizes
 
     def _clock(self) -> float:
         return self.view.now_s
@@ -234,6 +238,10 @@ class Simulator(KVMovement):
                 self._migrations[action.request.request_id] = action
                 if source.plan is None:
                     self._start_migrations(source)
+            elif type(action) is StopInstance:
+                self._stop_instance(action.instance_id, action.reason)
+            elif type(action) is StartInstance:
+                self._start_instance(action.instance_id, action.reason)
             else:
                 raise ValueError(f"the simulator cannot apply {type(action).__name__} at "
                                  f"t={now:.3f}s")
@@ -347,6 +355,8 @@ class Simulator(KVMovement):
                     self._on_links()
                 elif kind == _ARRIVAL:
                     self._arrive(payload)  # type: ignore[arg-type]
+                elif kind == INSTANCE_STARTED:
+                    self._on_instance_started(payload)  # type: ignore[arg-type]
                 else:
                     self._on_tick()
                     if on_progress is not None:
@@ -367,4 +377,5 @@ class Simulator(KVMovement):
                    if i.local.prefix_cache is not None)
         return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
                          self._initial_roles, self._calls, hits, self._rounds.stats,
+                         self.instance_s_total(view.now_s), self.scaling_events,
                          self._migrated)

@@ -44,4 +44,5 @@ class FlowKVRoleManager:
         return actions
 
     def on_progress(self, instance_id: int, view: ClusterView, board: RoleBoard) -> None:
-        return None
+        """After an instance's progress or its start (`InstanceStarted`)."""
+        self.scaler.on_started(instance_id, view, board)

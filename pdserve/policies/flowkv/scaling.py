@@ -2,13 +2,15 @@
 decode side from a reserve of instances.
 
   scale up    overload (a side's level past eps_high) that has lasted `scale_up_after_s`:
-              a drained reserve instance starts for the more overloaded side; it serves
-              only after `startup_delay_s` (a worker loading its weights), then takes that
-              side's role
+              a drained reserve instance starts for the more overloaded side
+              (`StartInstance`); it takes that side's role when the driver reports it
+              started (`InstanceStarted`: the simulator's `instance_startup_s`, a live
+              worker loading its weights). A reserve instance still running (scaled down,
+              not yet stopped) takes the role at once
   scale down  low load (both C^p and C^d under `scale_down_below`) that has lasted
               `scale_down_after_s`: the least-loaded instance of the larger side goes back
-              to the reserve (it takes no new work and drains what it holds); a side keeps
-              at least one instance
+              to the reserve (it takes no new work and drains what it holds; once drained
+              it is stopped, `StopInstance`); a side keeps at least one instance
 Against oscillation (the flaw Dynamo's planner shipped): the duration thresholds, the
 classifier's hysteresis, a cooldown of `scale_cooldown_s` after any scaling decision (the
 status window must first see the new instance working), and a started instance counting
@@ -30,7 +32,6 @@ from pdserve.types import Role
 @dataclass(frozen=True, slots=True)
 class Starting:
     role: Role
-    ready_s: float
     reason: str
 
 
@@ -49,12 +50,11 @@ class ElasticScaler:
         self.events: list[tuple[float, int, str, str]] = []  # (time, instance, what, reason)
 
     def on_tick(self, view: ClusterView, board: RoleBoard) -> None:
+        self._decide(view, board)
+        self._stop_drained(view, board)  # after: a drained reserve may serve again at once
+
+    def _decide(self, view: ClusterView, board: RoleBoard) -> None:
         now, context = view.now_s, self.context
-        for i, start in list(self.starting.items()):
-            if now >= start.ready_s:
-                del self.starting[i]
-                board.set_role(i, start.role, start.reason + "; started")
-                self.events.append((now, i, f"serving as {start.role.value}", start.reason))
         classifier = context.classifier
         overloaded = max(classifier.prefill_level, classifier.decode_level) == 2
         self.overload_since_s = (self.overload_since_s if self.overload_since_s is not None
@@ -70,6 +70,25 @@ class ElasticScaler:
               and now - self.low_since_s >= context.settings.scale_down_after_s):
             self._scale_down(view, board)
 
+    def on_started(self, instance_id: int, view: ClusterView, board: RoleBoard) -> None:
+        """The driver reports a started instance: it takes the role it was started for."""
+        start = self.starting.get(instance_id)
+        if start is not None and instance_id not in board.stopped:
+            del self.starting[instance_id]
+            self._serve(instance_id, start, view, board)
+
+    def _serve(self, i: int, start: Starting, view: ClusterView, board: RoleBoard) -> None:
+        board.set_role(i, start.role, start.reason + "; started")
+        self.events.append((view.now_s, i, f"serving as {start.role.value}", start.reason))
+
+    def _stop_drained(self, view: ClusterView, board: RoleBoard) -> None:
+        for i in self.context.side(Role.RESERVE, board):
+            if (i not in board.stopped and i not in self.starting
+                    and board.roles[i] is Role.RESERVE and not has_work(view.instances[i])):
+                reason = "flowkv alg1: reserve instance drained; stopped until scaled up"
+                board.stop_instance(i, reason)
+                self.events.append((view.now_s, i, "stopped", reason))
+
     def _scale_up(self, view: ClusterView, board: RoleBoard) -> None:
         context, s = self.context, self.context.settings
         to_prefill = context.classifier.overloaded_phase_is_prefill(context.c_prefill,
@@ -78,16 +97,22 @@ class ElasticScaler:
                    if i not in self.starting and not has_work(view.instances[i])]
         if not reserve:
             return
-        i, role = reserve[0], (Role.PREFILL if to_prefill else Role.DECODE)
+        # one still running (scaled down, not yet stopped) serves at once
+        i = min(reserve, key=lambda j: (j in board.stopped, j))
+        role = Role.PREFILL if to_prefill else Role.DECODE
         c = context.c_prefill if to_prefill else context.c_decode
         since = view.now_s - (self.overload_since_s or view.now_s)
         reason = (f"flowkv alg1: extreme load, {role.value} side C={c:.2f} over "
                   f"{s.high_prefill if to_prefill else s.high_decode:g} for {since:.0f}s; "
-                  f"scale up from the reserve (start-up {s.startup_delay_s:g}s)")
+                  f"scale up from the reserve")
         context.homes[i] = role  # counts toward its side while it starts
-        self.starting[i] = Starting(role, view.now_s + s.startup_delay_s, reason)
         self.last_scale_s = view.now_s
         self.overload_since_s = None
+        if i not in board.stopped:
+            self._serve(i, Starting(role, reason + " (still running)"), view, board)
+            return
+        self.starting[i] = Starting(role, reason)
+        board.start_instance(i, reason)
         self.events.append((view.now_s, i, f"starting as {role.value}", reason))
 
     def _scale_down(self, view: ClusterView, board: RoleBoard) -> None:

@@ -77,9 +77,8 @@ class FlowKVSettings:
     # extreme load: elastic scaling from the reserve
     scale_up_after_s: float = 10.0  # overload must last this long
     scale_down_below: float = 0.05  # both C^p and C^d under this: low load
-    scale_down_after_s: float = 30.0  # low load must last this long
+    scale_down_after_s: float = 300.0  # low load must last this long (5 min, as HPA)
     scale_cooldown_s: float = 30.0  # between two scaling decisions
-    startup_delay_s: float = 20.0  # a reserve instance serves this long after scale-up
     prefix_block_tokens: int = 512  # tokens per prefix hash (Mooncake's hash_ids: 512)
 
     def __post_init__(self) -> None:
@@ -94,8 +93,7 @@ class FlowKVSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"flowkv {name} must be at least 1, got "
                                  f"{getattr(self, name)}")
-        for name in ("window_s", "scale_up_after_s", "scale_down_after_s", "scale_cooldown_s",
-                     "startup_delay_s"):
+        for name in ("window_s", "scale_up_after_s", "scale_down_after_s", "scale_cooldown_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"flowkv {name} must not be negative, got "
                                  f"{getattr(self, name)}")

@@ -1,0 +1,64 @@
+"""Workers that come and go on the scheduler's request (elastic scaling), and restarts.
+
+`StopInstance` ends an instance's worker process (it holds no work: the policy drained it,
+or it is a reserve at start-up, whose worker is never started) and frees its KV pool.
+`StartInstance` starts the worker again; once it reports ready the scheduler hears
+`InstanceStarted` and the policy gives it a role. A worker that restarts after a crash
+is reported as `InstanceRecovered` instead. Mixed into `LiveDriver`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from pdserve.cluster.messages import (
+    ClusterView,
+    InstanceRecovered,
+    InstanceStarted,
+    StartInstance,
+    StopInstance,
+)
+from pdserve.instance.stats import InstanceStats
+from pdserve.live.metrics import ServerMetrics
+from pdserve.live.processes import WorkerProcesses
+
+if TYPE_CHECKING:
+    from pdserve.live.driver import LiveDriver
+
+log = logging.getLogger("pdserve.live")
+
+
+class WorkerLifecycle:
+    workers: WorkerProcesses
+    metrics: ServerMetrics
+    view: ClusterView
+    _starting: set[int]
+
+    def _apply_lifecycle(self: LiveDriver, action: StartInstance | StopInstance) -> None:
+        i = action.instance_id
+        if isinstance(action, StopInstance):
+            log.info("instance %d: stopping its worker: %s", i, action.reason)
+            self.metrics.count("workers_stopped")
+            self._starting.discard(i)
+            self.workers.stop_worker(i)
+            self.view.instances[i] = InstanceStats.empty(  # type: ignore[index]
+                i, self.view.instances[i].total_blocks)
+        else:
+            log.info("instance %d: starting its worker: %s", i, action.reason)
+            self.metrics.count("workers_started")
+            self._starting.add(i)
+            self.workers.start_worker(i)
+
+    def _on_ready(self: LiveDriver, instance: int, stats: InstanceStats,
+                  pool_name: str) -> None:
+        """A started or restarted worker is up, empty: the scheduler may use it."""
+        self.view.instances[instance] = stats  # type: ignore[index]
+        if instance in self._starting:
+            self._starting.discard(instance)
+            log.info("worker %d started (pid %d)", instance, self.workers.pid(instance))
+            self._handle(InstanceStarted(instance))
+            return
+        self.metrics.count("worker_restarts")
+        log.warning("worker %d restarted (pid %d)", instance, self.workers.pid(instance))
+        self._handle(InstanceRecovered(instance))

@@ -1,0 +1,72 @@
+"""Where a live request's TTFT goes: the driver's timeline joined with the client's, and the
+simulator's control-plane latency that accounts for the part outside the workers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+from server_helpers import running_server
+
+from pdserve.bench.client import ClientTimeline, replay
+from pdserve.bench.workload import Workload
+from pdserve.config import SimConfig
+from pdserve.live.timeline import read_timeline, split_ttft
+from pdserve.sim.runner import Experiment
+from pdserve.types import Request, add_control_latency
+
+
+def test_split_joins_by_response_id_and_parts_add_up_to_the_client_ttft():
+    client = {0: ("cmpl-5", 10.00, 10.30), 1: ("cmpl-6", 11.00, 11.50),
+              2: ("cmpl-99", 12.0, 12.1), 3: ("", 13.0, 13.2)}  # 99 unknown, 3 no id
+    driver = {5: (10.02, 10.25, 10.27), 6: (11.01, 11.40, 11.45)}
+    split = split_ttft(client, driver)
+    assert split["in"] == pytest.approx([0.02, 0.01])
+    assert split["worker"] == pytest.approx([0.23, 0.39])
+    assert split["out"] == pytest.approx([0.05, 0.10])
+    for i, (_, sent, first) in enumerate(list(client.values())[:2]):
+        assert split["in"][i] + split["worker"][i] + split["out"][i] == pytest.approx(
+            first - sent)
+
+
+def test_control_latency_moves_output_times_not_tpot():
+    request = Request(0, 1.0, 10, 5)
+    request.first_token_s, request.finish_s = 1.5, 2.5
+    request.decode_first_token_s, request.last_token_s = 1.7, 2.5
+    add_control_latency([request], 0.25)
+    assert (request.first_token_s, request.finish_s) == (1.75, 2.75)
+    assert (request.decode_first_token_s, request.last_token_s) == (1.95, 2.75)
+    assert request.arrival_s == 1.0
+
+
+def test_simulated_ttft_grows_by_exactly_the_control_latency():
+    config = SimConfig(trace="synthetic", synthetic_requests=40, synthetic_rate_rps=4.0,
+                       policy="static-pd", prefill=1, decode=1, gpu="a100")
+    plain = Experiment.from_config(config).simulate()
+    later = Experiment.from_config(config.replaced(control_latency_s=0.05)).simulate()
+    for a, b in zip(plain.requests, later.requests, strict=True):
+        assert b.first_token_s - b.arrival_s == pytest.approx(a.first_token_s - a.arrival_s
+                                                              + 0.05)
+        assert b.finish_s - b.first_token_s == pytest.approx(a.finish_s - a.first_token_s)
+
+
+def test_a_live_server_logs_each_requests_timeline_on_one_clock(tmp_path, monkeypatch):
+    logs = tmp_path / "logs"
+    monkeypatch.setenv("PDSERVE_STEP_LOG", str(logs))
+    workload = Workload("four", np.arange(4) * 0.05, np.full(4, 24), np.full(4, 6))
+    with running_server(tmp_path, instances=2, policy="static-pd", prefill=1,
+                        decode=1) as (base, _):
+        client: ClientTimeline = {}
+        requests = asyncio.run(replay(base, workload, "tiny", 60, timeline=client))
+    assert all(r.finished for r in requests)
+    driver = read_timeline(logs)
+    assert len(driver) == 4 and len(client) == 4
+    for admitted, batch_end, received in driver.values():
+        assert admitted <= batch_end <= received
+    split = split_ttft(client, driver)
+    assert len(split["worker"]) == 4
+    assert all(part >= 0 for values in split.values() for part in values)
+    for request in requests:
+        assert not math.isnan(request.first_token_s)
