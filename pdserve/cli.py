@@ -17,6 +17,7 @@ from pdserve.cluster.topology import NETWORK_LINKS
 from pdserve.config import SimConfig
 from pdserve.perf.specs import GPUS, MODELS
 from pdserve.planning.cli import add_plan_parser
+from pdserve.policies.ares.settings import add_ares_arguments
 from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
 from pdserve.policies.taichi.settings import add_taichi_arguments
 from pdserve.server.serve_cli import add_serve_parser
@@ -50,7 +51,8 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
                    "variation [1]")
     w.add_argument("--synthetic-lengths", help="fixed:IN:OUT | table:arxiv-lengths | "
                    "uniform:LO-HI:LO-HI | lognormal:MEAN_IN:MEAN_OUT:SIGMA; tables: arxiv-lengths, "
-                   "arxiv-long, sharegpt, sharegpt-first [fixed:512:128]")
+                   "arxiv-long, sharegpt, sharegpt-first, sharegpt-long, alpaca-long "
+                   "[fixed:512:128]")
     w.add_argument("--seed", type=int, help="seed of synthetic workloads [0]")
     c = p.add_argument_group("cluster and policy")
     c.add_argument("--policy", choices=list(PRESETS), help="policy preset [static-pd]")
@@ -94,6 +96,7 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--monitor-interval", type=float, help="monitor tick, seconds [1]")
     c.add_argument("--monitor-window", type=float, help="monitor statistics window, seconds [5]")
     add_taichi_arguments(c)
+    add_ares_arguments(c)
     s = p.add_argument_group("SLOs and output")
     s.add_argument("--ttft-slo", type=float, help="TTFT target, seconds [2]")
     s.add_argument("--tpot-slo", type=float, help="TPOT target, seconds [0.15]")
@@ -149,6 +152,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
               f"their decode instance, {stats.remote_prefills} elsewhere; history evicted "
               f"(re-prefilled) {stats.history_evicted}, recomputed away from it "
               f"{stats.history_recomputed}")
+    if result.migrations:
+        print(f"migrations: {result.migrations} running decodes moved between instances")
     goodput = None
     if config.goodput:
         print("goodput search:")
@@ -163,7 +168,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
         write_summary_json(out / "summary.json", summary, asdict(config), goodput,
                            {"flips": result.flips, "role_changes": len(result.role_changes),
                             "simulated_s": result.end_s, "sessions": asdict(result.sessions),
-                            "instance_s_total": result.instance_s_total})
+                            "instance_s_total": result.instance_s_total,
+                            "migrations": result.migrations})
         write_requests_csv(out / "requests.csv", result.requests, experiment.slo)
         plots.plot_latency_cdfs(out / "latency_cdf.png", result.requests, experiment.slo,
                                 f"{config.policy} on {workload.name}")

@@ -18,6 +18,8 @@ import yaml
 
 from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, network_link
+from pdserve.instance.decode_forecast import ForecastSettings
+from pdserve.policies.ares.settings import AresSettings
 from pdserve.policies.taichi.settings import TaiChiSettings, settings_from_fields
 
 
@@ -80,6 +82,15 @@ class SimConfig:
     taichi_no_feasible: str = "random"  # random | least-loaded | reject
     taichi_flowing_decode: bool = True  # Alg. 1 (ablation switch)
     taichi_length_aware_prefill: bool = True  # Alg. 2 (ablation switch)
+    # ARES's decode rescheduling (policies/ares/): any preset may add it
+    rebalancer: str = ""  # "" keeps the preset's; ares | reschedule-current | none
+    ares_predictor: str = "history"  # oracle | noisy:mae=N | history | hidden-state:PATH
+    ares_theta: float = 0.1
+    ares_horizon_steps: int = 2000  # H
+    ares_decay: float = 0.8  # beta_t ∝ decay^j over the horizon's points
+    ares_refresh_tokens: int = 20  # k
+    ares_interval_s: float = 1.0
+    ares_memory_guard: float = 0.0  # > 0: instances this full (KV) count as overloaded
     # SLOs and goodput
     ttft_slo_s: float = 2.0
     tpot_slo_s: float = 0.15
@@ -145,12 +156,28 @@ class SimConfig:
             self.taichi_settings()
         except ValueError as err:
             raise ValueError(f"config field taichi_*: {err}") from None
+        if self.rebalancer not in ("", "ares", "reschedule-current", "none"):
+            raise ValueError(f"config field 'rebalancer' must be ares, reschedule-current or "
+                             f"none (or empty: the policy's), got {self.rebalancer!r}")
+        try:
+            self.ares_settings()
+        except ValueError as err:
+            raise ValueError(f"config field ares_*: {err}") from None
         if not 0 < self.goodput_target <= 1:
             raise ValueError(f"config field 'goodput_target' must be in (0, 1], got "
                              f"{self.goodput_target}")
 
     def taichi_settings(self) -> TaiChiSettings:
         return settings_from_fields(self)
+
+    def ares_settings(self) -> AresSettings:
+        return AresSettings(theta=self.ares_theta, interval_s=self.ares_interval_s,
+                            memory_guard=self.ares_memory_guard,
+                            forecast=ForecastSettings(
+                                predictor=self.ares_predictor,
+                                refresh_every_tokens=self.ares_refresh_tokens,
+                                horizon_steps=self.ares_horizon_steps,
+                                decay=self.ares_decay, seed=self.seed))
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> SimConfig:

@@ -50,6 +50,8 @@ class GlobalScheduler:
         self.policy = policy
         self.board = RoleBoard(policy.role_manager.initial_roles(num_instances))
         self.coverage = PhaseCoverage()
+        # a rebalancer that follows decodes (ARES) hears where each one was dispatched
+        self._decode_observer = getattr(policy.rebalancer, "on_decode", None)
         self._handlers = {
             Arrival: self._on_arrival,
             PrefillDone: self._on_prefill_done,
@@ -126,6 +128,8 @@ class GlobalScheduler:
             target = event.instance_id if self._serves(event.instance_id, prefill=False) \
                 else min(self.board.decode_candidates,
                          key=lambda i: view.instances[i].running_tokens)
+        if self._decode_observer is not None:
+            self._decode_observer(event.request, target)
         return [DispatchDecode(event.request, event.instance_id, target)]
 
     def _on_finished(self, event: Finished, view: ClusterView) -> list[Action]:

@@ -58,7 +58,9 @@ class RemainingLengthPredictor(Protocol):
 PredictorFactory = Callable[[dict[str, str], int], RemainingLengthPredictor]
 # name -> factory(options from the spec, seed)
 PREDICTOR_FACTORIES: dict[str, PredictorFactory] = {}
-_LAZY_MODULES = {"hidden-state": "pdserve.predictor.hidden_state"}
+_LAZY_MODULES = {"hidden-state": "pdserve.predictor.hidden_state",
+                 **dict.fromkeys(("oracle", "noisy", "history"),
+                                 "pdserve.instance.simple_predictors")}
 
 
 def parse_predictor_spec(spec: str) -> tuple[str, dict[str, str]]:

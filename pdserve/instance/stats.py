@@ -10,7 +10,10 @@ named `*_total` are cumulative, so a monitor can difference two snapshots for an
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pdserve.instance.decode_forecast import DecodeForecast
 
 
 class InstanceLoad(Protocol):
@@ -68,6 +71,9 @@ class InstanceStats:
     busy_s_total: float = 0.0
     prefill_running_len: int = 0
     sending_len: int = 0
+    # ARES: the worker's pre-computed decode-load forecast (`instance/decode_forecast.py`),
+    # when the policy asked for one
+    decode_forecast: DecodeForecast | None = None
 
     @classmethod
     def empty(cls, instance_id: int, total_blocks: int) -> InstanceStats:
@@ -75,8 +81,10 @@ class InstanceStats:
         return cls(instance_id, 0, 0, 0, 0, 0, 0, 0, 0, total_blocks, 0, 0, 0.0)
 
     @classmethod
-    def of(cls, load: InstanceLoad) -> InstanceStats:
-        return cls(**{f.name: getattr(load, f.name) for f in fields(cls)})
+    def of(cls, load: InstanceLoad,
+           decode_forecast: DecodeForecast | None = None) -> InstanceStats:
+        return cls(**{f.name: getattr(load, f.name) for f in fields(cls)
+                      if f.name != "decode_forecast"}, decode_forecast=decode_forecast)
 
     @property
     def memory_fraction(self) -> float:

@@ -33,6 +33,7 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
 from pdserve.engine.transfer import attach_pool
+from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.instance.prefix_cache import PrefixCache, chain_hashes
@@ -65,6 +66,7 @@ from pdserve.live.messages import (
     WorkerError,
     WorkerReady,
 )
+from pdserve.live.worker_forecast import WorkerForecast
 from pdserve.live.worker_sessions import WorkerSessions
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.step_log import StepLog
@@ -86,9 +88,12 @@ class Worker:
                  chunk_size_tokens: int, max_batch_size: int, connection: Connection,
                  phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
                  queue_order: Callable[[], QueueOrder] = FCFSOrder,
-                 perf: PerfModel | None = None) -> None:
+                 perf: PerfModel | None = None,
+                 decode_forecast: ForecastSettings | None = None) -> None:
         """`queue_order`: the policy's prefill queue order; one that reads the time and
-        prefill estimates (AMPD's Alg. 2) gets `time.monotonic` and `perf`."""
+        prefill estimates (AMPD's Alg. 2) gets `time.monotonic` and `perf`.
+        `decode_forecast`: keep ARES's decode-load forecast and report it with the stats
+        (`live/worker_forecast.py`)."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.connection = connection
@@ -115,9 +120,12 @@ class Worker:
         self._executing: frozenset[int] = frozenset()
         self._reported: InstanceStats | None = None
         self._reported_at = 0.0
+        self.forecast = WorkerForecast.build(decode_forecast, self.engine, self.local)
 
     def stats(self) -> InstanceStats:
-        return InstanceStats.of(self.local)
+        if self.forecast is None:
+            return InstanceStats.of(self.local)
+        return InstanceStats.of(self.local, self.forecast.report())
 
     def serve(self) -> None:
         assert self.engine.pool.shared_name is not None
@@ -316,6 +324,8 @@ class Worker:
             if request.request_id not in failures:
                 self.connection.send(Prefilled(self.instance_id,
                                                self.engine.export(request.request_id)))
+        if self.forecast is not None:
+            self.forecast.after_step(result.finished)
         for request in result.finished:
             if request.request_id not in failures:
                 self.requests.pop(request.request_id, None)
@@ -329,11 +339,13 @@ def worker_main(instance_id: int, model_name: str, seed: int, num_blocks: int,
                 phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
                 environment: dict[str, str] | None = None,
                 queue_order: Callable[[], QueueOrder] = FCFSOrder,
-                perf: PerfModel | None = None) -> None:
+                perf: PerfModel | None = None,
+                decode_forecast: ForecastSettings | None = None) -> None:
     """Entry point of a worker process; `environment`: the starting process's, to use
     instead of the fork server's."""
     if environment is not None:
         os.environ.clear()
         os.environ.update(environment)
     Worker(instance_id, model_name, seed, num_blocks, chunk_size_tokens, max_batch_size,
-           connection, phase_priority, prefix_block_tokens, queue_order, perf).serve()
+           connection, phase_priority, prefix_block_tokens, queue_order, perf,
+           decode_forecast).serve()

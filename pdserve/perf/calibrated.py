@@ -27,9 +27,12 @@ from dataclasses import dataclass, field, replace
 from pdserve.perf.fit import FitGrid, fit_perf_model
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.operators import (
+    GEMM_OPS,
+    STREAM_OPS,
     LayerShape,
     OperatorModel,
     layer_linear_s,
+    op_time_s,
     shipped_operator_model,
 )
 from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, gpu_spec, kv_capacity_tokens
@@ -70,6 +73,14 @@ class Calibrated:
     def kv_capacity_tokens(self) -> int:
         return kv_capacity_tokens(self.model, self.gpu, self.tp)
 
+    @property
+    def gemm_gpu(self) -> GpuSpec:
+        """The GPU as a quantised GEMM sees it: operands of `weight_bits` move at the HBM
+        bandwidth (so 16/bits times as many per second) and multiply at the INT8 peak."""
+        bits = self.model.weight_bits
+        return replace(self.gpu, hbm_gb_s=self.gpu.hbm_gb_s * 16 / bits,
+                       tflops=self.gpu.int8_peak_tops)
+
     # ---- parts of a pass ----
     def all_reduce_s(self, tokens: int) -> float:
         if self.tp == 1:
@@ -82,7 +93,14 @@ class Calibrated:
                 context_tokens: int) -> float:
         """One decoder layer for a batch: linear ops on all tokens, attention per kind."""
         shape, gpu, ops = self.shape, self.gpu, self.ops
-        total = float(layer_linear_s(ops, tokens, shape, gpu)) + 2 * self.all_reduce_s(tokens)
+        if self.model.quantised:  # W8A8: GEMMs read 8-bit operands at the INT8 peak
+            total = float(sum(op_time_s(ops, op, tokens, shape, self.gemm_gpu)
+                              for op in GEMM_OPS)
+                          + sum(op_time_s(ops, op, tokens, shape, gpu)
+                                for op in STREAM_OPS if op != "emb"))
+        else:
+            total = float(layer_linear_s(ops, tokens, shape, gpu))
+        total += 2 * self.all_reduce_s(tokens)
         for new, prior in chunks:
             total += float(ops.prefill_attention.time_s(new, prior, shape.q_head_scale,
                                                         shape.kv_bytes_per_token, gpu,

@@ -6,6 +6,7 @@
 | llama-3.1-8b                | a100      | 1  | FlowKV                                 |
 | llama-3.1-70b               | a100      | 4  | FlowKV (tp not stated, see below)      |
 | deepseek-r1-distill-qwen-7b | rtx-4090d | 1  | ARES (one 4090D per instance)          |
+| deepseek-r1-distill-qwen-7b-w8a8 | rtx-4090d | 1 | ARES as run (W8A8: sec. 6.1)     |
 | qwen2.5-14b                 | a100      | 1  | TaiChi                                 |
 | qwen2.5-32b                 | a100      | 2  | TaiChi (tp not stated, see below)      |
 | llama-3.1-70b               | h20       | 4  | AMPD (its planner also tries 2 and 8)  |
@@ -26,6 +27,11 @@ RTX 4090D use the same fitted efficiency curves scaled by each GPU's datasheet p
 terms, one-way link bandwidth for all-reduce and KV transfer), with launch latencies and
 vLLM's CPU overheads kept as measured on the A100 host. `roofline_perf_model` keeps the older
 roofline with stated efficiency factors.
+
+A `-w8a8` model (`specs.ModelSpec.weight_bits = 8`) has 8-bit decoder weights: they take
+half the memory (more KV fits) and its GEMMs move half the bytes at the GPU's dense INT8
+peak (`Calibrated.gemm_gpu`); attention, the KV cache and the LM head stay 16-bit. The
+INT8 efficiencies are the 16-bit curves' (no INT8 kernel was profiled).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ PAPER_SETUPS: dict[tuple[str, str], int] = {
     ("llama-3.1-8b", "a100"): 1,
     ("llama-3.1-70b", "a100"): 4,
     ("deepseek-r1-distill-qwen-7b", "rtx-4090d"): 1,
+    ("deepseek-r1-distill-qwen-7b-w8a8", "rtx-4090d"): 1,
     ("qwen2.5-14b", "a100"): 1,
     ("qwen2.5-32b", "a100"): 2,
     ("llama-3.1-70b", "h20"): 4,

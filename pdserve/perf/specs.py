@@ -21,9 +21,15 @@ class ModelSpec:
     head_dim: int
     ffn: int
     vocab: int
-    dtype_bytes: int = 2
+    dtype_bytes: int = 2  # activations and KV (16-bit)
     tied_embeddings: bool = False
     source: str = ""
+    weight_bits: int = 16  # of the decoder layers' linear weights; 8: W8A8 (8-bit weights
+    # and activations in the GEMMs; embeddings, LM head and KV stay 16-bit)
+
+    @property
+    def quantised(self) -> bool:
+        return self.weight_bits < 16
 
     @property
     def layer_params(self) -> int:
@@ -37,7 +43,9 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
-        return self.params * self.dtype_bytes
+        embeddings = self.params - self.layers * self.layer_params
+        return (self.layers * self.layer_params * self.weight_bits // 8
+                + embeddings * self.dtype_bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -53,6 +61,11 @@ class GpuSpec:
     link_gb_s: float  # one-way GPU-to-peer bandwidth, for TP all-reduce and KV transfer
     interconnect: str = "nvlink"  # "nvlink" or "pcie": picks the fitted link efficiency
     source: str = ""
+    int8_tops: float = 0.0  # dense INT8 tensor TOP/s (W8A8 GEMMs); 0: twice `tflops`
+
+    @property
+    def int8_peak_tops(self) -> float:
+        return self.int8_tops or 2 * self.tflops
 
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in [
@@ -63,6 +76,10 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("deepseek-r1-distill-qwen-7b", layers=28, hidden=3584, heads=28, kv_heads=4,
               head_dim=128, ffn=18944, vocab=152064,
               source="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json"),
+    ModelSpec("deepseek-r1-distill-qwen-7b-w8a8", layers=28, hidden=3584, heads=28,
+              kv_heads=4, head_dim=128, ffn=18944, vocab=152064, weight_bits=8,
+              source="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json, W8A8 as ARES "
+              "runs it (sec. 6.1): INT8 weights and activations in the decoder GEMMs"),
     ModelSpec("qwen2.5-14b", layers=48, hidden=5120, heads=40, kv_heads=8, head_dim=128,
               ffn=13824, vocab=152064, source="Qwen/Qwen2.5-14B config.json"),
     ModelSpec("qwen2.5-32b", layers=64, hidden=5120, heads=40, kv_heads=8, head_dim=128,
@@ -109,7 +126,8 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             source="Ada whitepaper: RTX 4090 165.2 dense FP16 tensor TFLOP/s with FP32 "
             "accumulate on 128 SMs; the 4090D has 114 SMs at the same boost clock "
             "(165.2*114/128); 24 GB GDDR6X at 1,008 GB/s; no NVLink, PCIe 4.0 x16 "
-            "32 GB/s each way"),
+            "32 GB/s each way; dense INT8 660.6 TOP/s on the 4090, 588.3 scaled the same way",
+            int8_tops=588.3),
 ]}
 
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from pdserve.cluster.messages import Action, ClusterView
 from pdserve.cluster.roles import RoleBoard
+from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.types import Request, Role
@@ -56,6 +57,10 @@ class RoleManager(Protocol):
 
 
 class Rebalancer(Protocol):
+    """Moves running decodes on ticks. One that follows decodes may also define
+    `on_decode(request, instance_id)`: the scheduler then calls it on every decode
+    dispatch (ARES learns its `Request` objects that way, whatever the routers)."""
+
     def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]: ...
 
 
@@ -76,3 +81,6 @@ class Policy:
     queue_order: Callable[[], QueueOrder] = FCFSOrder
     phase_priority: PhasePriority = PhasePriority.DECODE_FIRST  # every local scheduler's
     chunk_sizes_tokens: tuple[int, ...] = ()  # per instance; 0 or absent: the driver's
+    # ARES: instances keep a decode-load forecast (`instance/decode_forecast.py`) for the
+    # rebalancer; None (every other policy) costs the instances nothing
+    decode_forecast: ForecastSettings | None = None

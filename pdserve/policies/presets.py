@@ -13,6 +13,10 @@
 | continuum   | all mixed     | session affinity | in-place         | vLLM-Continuum-like |
 (`ampd-no-reorder` is ampd without Alg. 2; see policies/ampd/presets.py.)
 | taichi      | P-/D-heavy    | taichi (Alg. 2)| taichi (Alg. 1)    | TaiChi            |
+| vllm        | xPyD fixed    | min-load       | min-running-tokens | ARES's "vLLM"     |
+| reschedule-current | xPyD   | min-load       | min-running-tokens | + Alg. 1, current load |
+| ares        | xPyD fixed    | min-load       | min-running-tokens | + ARES Alg. 1     |
+(Any preset takes ARES's rebalancer with `PolicySetup.rebalancer`; policies/ares/preset.py.)
 
 Any preset's routers can be swapped by name (`prefill_router`, `decode_router`), except
 taichi's, whose components share per-request state (`policies/taichi/policy.py`); its
@@ -27,6 +31,8 @@ from dataclasses import dataclass, field
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.ampd.presets import AMPD_VARIANTS, build_ampd_policy
+from pdserve.policies.ares.preset import ARES_PRESETS, attach_rebalancer
+from pdserve.policies.ares.settings import AresSettings
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.decode_router import ArrowDecodeRouter
 from pdserve.policies.arrow.prefill_router import ArrowPrefillRouter
@@ -69,6 +75,8 @@ class PolicySetup:
     flowkv: FlowKVSettings | None = None
     prefix_aware: bool = True  # flowkv: prefill routing sees prefix-cache hits
     taichi: TaiChiSettings = field(default_factory=TaiChiSettings)
+    rebalancer: str = ""  # "" keeps the preset's; ares | reschedule-current | none
+    ares: AresSettings = field(default_factory=AresSettings)
 
 
 def arrow_context(setup: PolicySetup) -> ArrowContext:
@@ -100,6 +108,7 @@ PRESETS: dict[str, Preset] = {
     **{name: Preset(False, True, "ampd", "ampd") for name in AMPD_VARIANTS},
     "continuum": Preset(False, False, "session-affinity", "in-place"),
     "taichi": Preset(False, True, "taichi", "taichi"),  # built by `build_taichi`
+    **{name: Preset(False, True, "min-load", "min-running-tokens") for name in ARES_PRESETS},
 }
 
 PREFILL_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], PrefillRouter]] = {
@@ -123,7 +132,16 @@ def _pick(table: dict[str, Callable], name: str, what: str) -> Callable:
 
 
 def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
-    """The policy named `name` (with the setup's router overrides) and its instance count."""
+    """The policy named `name` (with the setup's router and rebalancer overrides) and its
+    instance count."""
+    policy, count = _build_preset(name, setup)
+    rebalancer = setup.rebalancer or ARES_PRESETS.get(name, "")
+    if rebalancer:
+        attach_rebalancer(policy, rebalancer, setup.ares, setup.perf)
+    return policy, count
+
+
+def _build_preset(name: str, setup: PolicySetup) -> tuple[Policy, int]:
     if name not in PRESETS:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(PRESETS)}")
     if name == "flowkv":

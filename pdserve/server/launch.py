@@ -15,9 +15,12 @@ from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.checkpoint import resolve_model
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.loader import prepare_weights
+from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
+from pdserve.live.worker_forecast import check_live_predictor
 from pdserve.perf.fitted import PerfModel
+from pdserve.policies.ares.settings import AresSettings
 from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.presets import PolicySetup, build_policy
 from pdserve.policies.taichi.settings import TaiChiSettings
@@ -53,6 +56,8 @@ class ServeConfig:
     prefix_block_tokens: int = 16  # tokens per prefix-cache hash in the workers; 0: none
     taichi: TaiChiSettings = field(default_factory=TaiChiSettings)  # --policy taichi
     flowkv: FlowKVSettings = field(default_factory=FlowKVSettings)  # --policy flowkv
+    rebalancer: str = ""  # "" keeps the policy's; ares | reschedule-current | none
+    ares_predictor: str = "history"  # history | noisy:mae=N | hidden-state:PATH (no oracle)
 
     def __post_init__(self) -> None:
         for name in ("instances", "prefill", "decode", "kv_cache_mib", "chunk_size_tokens",
@@ -72,6 +77,10 @@ class ServeConfig:
         if self.prefix_block_tokens < 0 or self.prefix_block_tokens % 16:
             raise ValueError(f"serve option 'prefix_block_tokens' must be a multiple of 16 "
                              f"(0: no prefix cache), got {self.prefix_block_tokens}")
+        if self.rebalancer not in ("", "ares", "reschedule-current", "none"):
+            raise ValueError(f"serve option 'rebalancer' must be ares, reschedule-current or "
+                             f"none, got {self.rebalancer!r}")
+        check_live_predictor(self.ares_predictor)
         if self.max_model_len < 0:
             raise ValueError(f"serve option 'max_model_len' must not be negative, got "
                              f"{self.max_model_len}")
@@ -130,11 +139,13 @@ def build_app(config: ServeConfig) -> FastAPI:
         prefill=config.prefill, decode=config.decode, reserve=config.reserve,
         chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
         flowkv=replace(config.flowkv, prefix_block_tokens=config.prefix_block_tokens or 16),
-        taichi=config.taichi))
+        taichi=config.taichi, rebalancer=config.rebalancer,
+        ares=AresSettings(forecast=ForecastSettings(predictor=config.ares_predictor,
+                                                    seed=config.seed))))
     driver = LiveDriver(policy, count, served.require_tokenizer(), WorkerSettings(
         config.model, config.seed, kv_blocks, config.chunk_size_tokens,
         config.max_batch_size, policy.phase_priority.value, config.prefix_block_tokens,
-        queue_order=policy.queue_order, perf=perf),
+        queue_order=policy.queue_order, perf=perf, decode_forecast=policy.decode_forecast),
         config.monitor_interval_s, config.max_outstanding)
     return create_app(driver, ServerSettings(
         config.served_model_name or served.name, context, served.config.vocab_size,

@@ -55,6 +55,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--perf-model", default="", help="a `pdserve profile` file (default: a "
                    "quick profile at start)")
     add_taichi_arguments(p)
+    p.add_argument("--rebalancer", default="", choices=["", "ares", "reschedule-current",
+                                                        "none"],
+                   help="add ARES's decode rescheduling to any policy [the policy's]")
+    p.add_argument("--ares-predictor", default="history", help="remaining-length predictor "
+                   "of the ares rebalancer: history, noisy:mae=N (around max_tokens) or "
+                   "hidden-state:PATH [history]")
     p.set_defaults(handler=_run_serve)
 
 
@@ -78,7 +84,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
         chat_template=args.chat_template, max_body_bytes=args.max_body_bytes,
         prefix_block_tokens=args.prefix_block_tokens,
-        taichi=settings_from_fields(args))
+        taichi=settings_from_fields(args), rebalancer=args.rebalancer,
+        ares_predictor=args.ares_predictor)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pdserve").setLevel(args.log_level.upper())
     # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)

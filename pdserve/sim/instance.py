@@ -10,6 +10,7 @@ already finished, so policies read the same numbers in both modes.
 from __future__ import annotations
 
 from pdserve.cluster.messages import ClusterView
+from pdserve.instance.decode_forecast import DecodeForecast, DecodeLoadTracker
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.perf.fitted import PerfModel
 from pdserve.sim.blocks import BlockTable
@@ -27,6 +28,7 @@ class SimInstance:
         self.end_s = 0.0
         self.version = 0  # bumps when the pending batch-done event is superseded
         self.blocks: BlockTable | None = None  # block ids, when transfers are aligned
+        self.tracker: DecodeLoadTracker | None = None  # ARES's forecast, when asked for
 
     # ---- running batches ----
     def start_batch(self, now_s: float) -> float | None:
@@ -68,6 +70,19 @@ class SimInstance:
                                                           plan.decode_context_tokens, started)
         self.version += 1
         return self.end_s
+
+    @property
+    def decode_forecast(self) -> DecodeForecast | None:
+        """ARES's worker-side report, computed when the rebalancer reads it (None unless
+        the policy asked for forecasts). Mid-span, decodes count the steps already done."""
+        tracker = self.tracker
+        if tracker is None:
+            return None
+        plan, local = self.plan, self.local
+        steps = self._steps_done(plan) if plan is not None and plan.steps > 1 else 0
+        return tracker.forecast(local.instance_id, local.running.values(),
+                                (*local.transfer_queue, *local.transferring.values(),
+                                 *local.ready), steps)
 
     # ---- InstanceLoad ----
     @property

@@ -31,6 +31,7 @@ class KVMovement:
     settings: SimSettings
     view: ClusterView
     _migrations: dict[int, Migrate]
+    _migrated: int
     _transfer_source: dict[int, int]
     _transfer_start_s: dict[int, float]
     _calls: dict[int, int]
@@ -54,6 +55,7 @@ class KVMovement:
                 continue
             del self._migrations[request_id]
             if source.local.detach(action.request):  # else finished or preempted meanwhile
+                self._migrated += 1
                 self._send_kv(action.request, action.source_id, action.target_id)
 
     def _start_transfers(self, target: SimInstance) -> None:

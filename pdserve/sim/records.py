@@ -44,6 +44,7 @@ class SimResult:
     instance_s_total: float = 0.0  # instance-seconds run (stopped instances not counted)
     # elastic scaling: (time, instance, "stop" | "start" | "started", reason)
     scaling_events: list[tuple[float, int, str, str]] = field(default_factory=list)
+    migrations: int = 0  # decode-to-decode moves that left their source (rebalancers)
 
     @property
     def flips(self) -> int:

@@ -119,7 +119,8 @@ class Experiment:
             prefill_router=config.prefill_router, decode_router=config.decode_router,
             arrow_min_dwell_s=config.arrow_min_dwell_s,
             arrow_monitor_cooldown_s=config.arrow_monitor_cooldown_s,
-            taichi=config.taichi_settings()))
+            taichi=config.taichi_settings(), rebalancer=config.rebalancer,
+            ares=config.ares_settings()))
         if config.phase_priority:
             policy.phase_priority = parse_phase_priority(config.phase_priority)
         settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,

@@ -46,6 +46,7 @@ from pdserve.cluster.messages import (
 )
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.cluster.topology import Topology
+from pdserve.instance.decode_forecast import DecodeLoadTracker
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.instance.queue_order import bind_order
@@ -109,6 +110,11 @@ class Simulator(KVMovement, InstanceLifecycle):
             if aligned:
                 instance.blocks = BlockTable(local.total_blocks, local.prefix_cache)
         self.view.instances = self.instances
+        self.tracker: DecodeLoadTracker | None = None
+        if policy.decode_forecast is not None:  # ARES: one tracker (one shared predictor,
+            self.tracker = DecodeLoadTracker(policy.decode_forecast)  # learning from all)
+            for instance in self.instances:
+                instance.tracker = self.tracker
         for instance in self.instances:  # orders that read the time and prefill estimates
             bind_order(instance.local.prefills.order, self._clock, instance.perf)
         self._initial_roles = list(self.scheduler.roles)
@@ -121,6 +127,7 @@ class Simulator(KVMovement, InstanceLifecycle):
         self._arrivals_pending = False
         self._stalled_ticks = 0
         self._migrations: dict[int, Migrate] = {}  # waiting for their source's step boundary
+        self._migrated = 0  # migrations that left their source
         self._transfer_source: dict[int, int] = {}  # KV in flight: request -> source
         self._transfer_start_s: dict[int, float] = {}  # KV on the wire: request -> start
         self._link_event_s = math.inf  # when the pending link event is due
@@ -262,6 +269,9 @@ class Simulator(KVMovement, InstanceLifecycle):
         if instance.blocks is not None:
             instance.blocks.done(result.finished)
         handle = self.scheduler.handle
+        if self.tracker is not None:
+            for request in result.finished:
+                self.tracker.observe_finished(request)
         for request in result.finished:
             if math.isnan(request.first_token_s):
                 request.first_token_s = now
@@ -367,4 +377,5 @@ class Simulator(KVMovement, InstanceLifecycle):
                    if i.local.prefix_cache is not None)
         return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
                          self._initial_roles, self._calls, hits, self._rounds.stats,
-                         self.instance_s_total(view.now_s), self.scaling_events)
+                         self.instance_s_total(view.now_s), self.scaling_events,
+                         self._migrated)

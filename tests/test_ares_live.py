@@ -1,0 +1,96 @@
+"""ARES on live worker processes: the rebalancer moves a decode mid-stream, and its text is
+the single-instance text. The live world has no oracle: the workers' `noisy:mae=0`
+predictor is exact around `max_tokens` for requests that ignore EOS (as these do)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import torch
+from server_helpers import running_server
+
+from pdserve.engine.engine import Engine
+from pdserve.engine.loader import load_model
+from pdserve.engine.sampling import SamplingParams
+from pdserve.policies.ares.rebalancer import AresRebalancer
+
+SHORT_PROMPT = "Tell me a story"
+TOKENS = 400  # the two long-running requests' output
+LONG_PROMPT = " ".join(["The decode instances share the work of many long answers."] * 12)
+
+
+def reference_text(prompt: str, max_tokens: int) -> str:
+    """Greedy on one in-process engine, EOS ignored: what the served request must equal."""
+    torch.set_num_threads(1)
+    model, tokenizer = load_model("tiny", seed=0)
+    engine = Engine(model, tokenizer, 128)
+    ids = tokenizer.encode(prompt)
+    engine.add(0, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                      ignore_eos=True))
+    engine.run([], [(0, len(ids))])
+    while not engine.sequences[0].finish_reason:
+        engine.run([0], [])
+    return engine.text_of(0)
+
+
+def complete(base: str, prompt: str, max_tokens: int, out: dict, key: str) -> None:
+    response = httpx.post(f"{base}/v1/completions", timeout=180, json={
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True})
+    out[key] = response.json()
+
+
+def wait_for(condition, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_ares_migrates_a_decode_mid_stream_with_identical_text(tmp_path) -> None:
+    with running_server(tmp_path, instances=3, policy="ares", prefill=1, decode=2,
+                        ares_predictor="noisy:mae=0", prefix_block_tokens=0) as (base,
+                                                                                 driver):
+        rebalancer = driver.scheduler.policy.rebalancer
+        assert isinstance(rebalancer, AresRebalancer)
+        out: dict = {}
+        # a long prompt that finishes soon on one decode instance, then two short prompts
+        # that run long: they go to the other instance (fewer KV tokens now), which the
+        # forecast shows will carry all the load
+        short_run = threading.Thread(target=complete, args=(base, LONG_PROMPT, 100, out, "a"))
+        short_run.start()
+        assert wait_for(lambda: any(live.request.decode_instance in (1, 2)
+                                    and live.tokens_sent > 2
+                                    for live in driver.live.values()))
+        long_runs = [threading.Thread(target=complete,
+                                      args=(base, f"{SHORT_PROMPT} {k}", TOKENS, out, f"b{k}"))
+                     for k in range(2)]
+        for thread in long_runs:
+            thread.start()
+        for thread in (short_run, *long_runs):
+            thread.join(180)
+            assert not thread.is_alive()
+        moves = [r for r in rebalancer.records if r.migrated]
+        assert moves and driver.metrics.counters["migrations"] >= 1
+        # mid-stream: the moved request had tokens out and more to go
+        assert all(0 < r.moved_at_tokens < TOKENS for r in moves)
+        for k in range(2):
+            body = out[f"b{k}"]
+            assert body["usage"]["completion_tokens"] == TOKENS
+            assert body["choices"][0]["text"] == reference_text(f"{SHORT_PROMPT} {k}", TOKENS)
+        assert out["a"]["choices"][0]["text"] == reference_text(LONG_PROMPT, 100)
+
+
+def test_serving_refuses_the_oracle_predictor() -> None:
+    import pytest
+
+    from pdserve.server.launch import ServeConfig
+
+    with pytest.raises(ValueError, match="only the simulator"):
+        ServeConfig(policy="ares", ares_predictor="oracle")
+    with pytest.raises(ValueError, match="rebalancer"):
+        ServeConfig(rebalancer="sideways")
