@@ -1,4 +1,4 @@
-"""Command line: `pdserve simulate | profile | serve | bench | plan`."""
+"""Command line: `pdserve simulate | profile | serve | bench | plan | predictor`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pdserve.perf.specs import GPUS, MODELS
 from pdserve.planning.cli import add_plan_parser
 from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
 from pdserve.policies.taichi.settings import add_taichi_arguments
+from pdserve.predictor.cli import add_predictor_parser
 from pdserve.server.serve_cli import add_serve_parser
 
 # flag -> SimConfig field, for flags whose name differs from the field
@@ -314,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(sub)
     _bench_parser(sub)
     add_plan_parser(sub)
+    add_predictor_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
