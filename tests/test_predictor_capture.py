@@ -110,3 +110,22 @@ def test_record_labels_remaining_tokens_and_round_trips(tiny, tmp_path):
     assert loaded.meta["every_tokens"] == "4" and loaded.meta["max_tokens"] == "18"
     with pytest.raises(ValueError, match="captures every 4"):
         record(engine, encoded, RecordSettings(every_tokens=5), None)
+
+
+@pytest.mark.slow
+def test_record_from_the_default_model_captures_its_hidden_size(tmp_path):
+    from pdserve.engine.checkpoint import resolve_model
+
+    model, tokenizer = load_model("")
+    source = resolve_model("")
+    prompts = prompt_set(4)
+    encoded = [(p, tokenizer.encode(source.chat_template.render(
+        [{"role": "user", "content": p.text}]))) for p in prompts]
+    settings = RecordSettings(every_tokens=10, max_tokens=40, batch_size=4)
+    engine = Engine(model, tokenizer, pool_blocks_for(encoded, settings),
+                    hidden_state_every_tokens=10)
+    data = record(engine, encoded, settings)
+    assert data.hidden.shape[1] == 576 == model.config.hidden_size
+    assert len(data) == int((data.requests["output_tokens"] // 10).sum()) > 0
+    assert np.isfinite(data.hidden).all()
+    assert (data.remaining_tokens >= 0).all() and (data.remaining_tokens < 40).all()

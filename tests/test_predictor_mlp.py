@@ -126,3 +126,17 @@ def test_history_baseline_is_the_conditional_median_of_survivors():
     # an empty bucket pools with all requests
     assert baseline.predict([DecodeProgress(2, 3, 0, 1000)]) == [40.0]
     assert baseline.predict([DecodeProgress(3, 90, 100, 1000)]) == [0.0]
+
+
+def test_search_keeps_the_best_validation_run(monkeypatch):
+    from pdserve.predictor import hidden_state
+
+    monkeypatch.setattr(hidden_state, "SEARCH_LR", (1e-4, 1e-2))
+    monkeypatch.setattr(hidden_state, "SEARCH_BATCH_SIZES", (32,))
+    data = synthetic(requests=60)
+    seen: list[float] = []
+    predictor, report = hidden_state.search_predictor(
+        data, TrainSettings(epochs=3, seed=0),
+        log=lambda line: seen.append(float(line.split("MAE")[1].split()[0])))
+    assert len(seen) == 2 and report.mae_tokens[1] == pytest.approx(min(seen), abs=0.01)
+    assert predictor.meta["lr"] == report.lr and report.batch_size == 32

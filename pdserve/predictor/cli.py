@@ -68,7 +68,7 @@ def _train(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    report = train_from_file(args.data, args.out, settings, log=print)
+    report = train_from_file(args.data, args.out, settings, log=print, search=args.search)
     print(report.summary())
     return 0
 
@@ -118,6 +118,9 @@ def add_predictor_parser(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--batch-size", type=int, default=64, help="[64]")
     t.add_argument("--seed", type=int, default=0, help="split and initialisation seed [0]")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads [1]")
+    t.add_argument("--search", action="store_true", help="grid over learning rate "
+                   "(1e-4, 3e-4, 1e-3) and batch size (16, 64, 128), keep the best "
+                   "validation MAE (--lr and --batch-size are then ignored)")
     t.set_defaults(handler=_train)
     e = sub.add_parser("eval", help="test MAE, inference time per batch of 10, and the "
                        "history predictor's MAE on the same held-out requests")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -145,11 +145,14 @@ class TrainReport:
     seconds: float
     widths: tuple[int, int, int]
     hidden_size: int
+    lr: float
+    batch_size: int
 
     def summary(self) -> str:
         names = ("train", "validation", "test")
         lines = [f"MLP {self.hidden_size} -> {' -> '.join(map(str, self.widths))} -> 1, "
-                 f"best epoch {self.best_epoch} of {self.epochs_run} ({self.seconds:.1f} s)"]
+                 f"lr {self.lr:g}, batch {self.batch_size}, best epoch {self.best_epoch} of "
+                 f"{self.epochs_run} ({self.seconds:.1f} s)"]
         for name, requests, samples, mae in zip(names, self.requests, self.samples,
                                                 self.mae_tokens, strict=True):
             lines.append(f"  {name:10s} {requests:4d} requests {samples:6d} samples  "
@@ -181,7 +184,7 @@ def train_predictor(data: RecordedSet, settings: TrainSettings,
     maes = tuple(_clamped_mae(predictor, part, meta["max_tokens"]) for part in parts)
     report = TrainReport(tuple(len(ids) for ids in splits), tuple(len(p) for p in parts),
                          maes, fit.best_epoch, fit.epochs_run, fit.seconds, fit.model.widths,
-                         fit.model.hidden_size)
+                         fit.model.hidden_size, settings.lr, settings.batch_size)
     return predictor, report
 
 
@@ -197,8 +200,36 @@ def _clamped_mae(predictor: HiddenStatePredictor, part: RecordedSet, max_tokens:
     return float(np.mean(np.abs(predicted - part.remaining_tokens)))
 
 
+SEARCH_LR = (1e-4, 3e-4, 1e-3)  # the paper's search ranges (section 4.4), on a grid
+SEARCH_BATCH_SIZES = (16, 64, 128)
+
+
+def search_predictor(data: RecordedSet, settings: TrainSettings,
+                     log: Callable[[str], None] | None = None
+                     ) -> tuple[HiddenStatePredictor, TrainReport]:
+    """Train on each (learning rate, batch size) of the grid and keep the run with the best
+    validation MAE (the test split plays no part in the choice). The paper also searched
+    depth and widths; pdserve keeps the paper's depth and scaled widths."""
+    best: tuple[HiddenStatePredictor, TrainReport] | None = None
+    for lr in SEARCH_LR:
+        for batch_size in SEARCH_BATCH_SIZES:
+            trial = replace(settings, lr=lr, batch_size=batch_size)
+            predictor, report = train_predictor(data, trial)
+            if log is not None:
+                log(f"lr {lr:g} batch {batch_size:3d}: validation MAE "
+                    f"{report.mae_tokens[1]:8.2f} tokens (best epoch {report.best_epoch})")
+            if best is None or report.mae_tokens[1] < best[1].mae_tokens[1]:
+                best = (predictor, report)
+    assert best is not None
+    best[0].meta.update({"lr": best[1].lr, "batch_size": best[1].batch_size})
+    return best
+
+
 def train_from_file(data_path: Path, out: Path, settings: TrainSettings,
-                    log: Callable[[str], None] | None = None) -> TrainReport:
-    predictor, report = train_predictor(RecordedSet.load(data_path), settings, log)
+                    log: Callable[[str], None] | None = None, search: bool = False
+                    ) -> TrainReport:
+    data = RecordedSet.load(data_path)
+    train = search_predictor if search else train_predictor
+    predictor, report = train(data, settings, log)
     predictor.save(out)
     return report
