@@ -107,6 +107,7 @@ def test_record_labels_remaining_tokens_and_round_trips(tiny, tmp_path):
     np.testing.assert_array_equal(loaded.hidden, data.hidden)
     np.testing.assert_array_equal(loaded.remaining_tokens, data.remaining_tokens)
     assert loaded.requests["kind"].tolist() == data.requests["kind"].tolist()
+    assert loaded.requests["topic"].tolist() == [prompts[i].topic for i in range(6)]
     assert loaded.meta["every_tokens"] == "4" and loaded.meta["max_tokens"] == "18"
     with pytest.raises(ValueError, match="captures every 4"):
         record(engine, encoded, RecordSettings(every_tokens=5), None)

@@ -168,9 +168,11 @@ def train_predictor(data: RecordedSet, settings: TrainSettings,
     parts = [data.subset(np.isin(data.request_id, ids)) for ids in splits]
     train, val, test = parts
     max_tokens = int(data.meta.get("max_tokens", 0))
-    val_cap = np.maximum(max_tokens - val.generated_tokens, 0) if max_tokens > 0 else None
+    train_cap, val_cap = ((np.maximum(max_tokens - part.generated_tokens, 0)
+                           if max_tokens > 0 and settings.clamped_loss else None)
+                          for part in (train, val))
     fit = fit_mlp(train.hidden, train.remaining_tokens.astype(np.float64), val.hidden,
-                  val.remaining_tokens.astype(np.float64), settings, log, val_cap)
+                  val.remaining_tokens.astype(np.float64), settings, log, train_cap, val_cap)
     outputs = data.requests.get("output_tokens")
     ids = data.requests.get("ids")
     if outputs is not None and ids is not None and np.isin(ids, splits[0]).any():

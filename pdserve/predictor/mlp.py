@@ -75,6 +75,7 @@ class TrainSettings:
     weight_decay: float = 1e-2
     batch_size: int = 64
     seed: int = 0  # split, initialisation and batch order
+    clamped_loss: bool = True  # loss on the prediction clamped to the cap (`fit_mlp`)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "patience", "batch_size"):
@@ -133,9 +134,12 @@ def predict_tokens(model: LengthMLP, normaliser: Normaliser, hidden: np.ndarray)
 
 def fit_mlp(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray,
             settings: TrainSettings, log: Callable[[str], None] | None = None,
-            val_cap: np.ndarray | None = None) -> FitResult:
-    """Train with L1 loss and AdamW; keep the weights of the best validation-MAE epoch
-    (predictions clamped to `val_cap`, the tokens each sample's cap leaves, if given)."""
+            train_cap: np.ndarray | None = None, val_cap: np.ndarray | None = None
+            ) -> FitResult:
+    """Train with L1 loss and AdamW; keep the weights of the best validation-MAE epoch.
+    With caps (the tokens each sample's `max_tokens` leaves) the loss and the validation MAE
+    are taken on the prediction clamped to the cap, as the predictor answers in use: a
+    request whose answer runs to the cap then costs nothing for being predicted longer."""
     if len(train_y) == 0 or len(val_y) == 0:
         raise ValueError(f"training needs samples in both splits (train {len(train_y)}, "
                          f"validation {len(val_y)})")
@@ -147,6 +151,8 @@ def fit_mlp(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: 
                                   weight_decay=settings.weight_decay)
     inputs = normaliser.inputs(train_x)
     targets = torch.from_numpy((train_y / normaliser.target_scale).astype(np.float32))
+    caps = (torch.from_numpy((train_cap / normaliser.target_scale).astype(np.float32))
+            if train_cap is not None else None)
     generator = torch.Generator().manual_seed(settings.seed)
     best = (math.inf, 0, {k: v.clone() for k, v in model.state_dict().items()})
     epoch = 0
@@ -155,7 +161,10 @@ def fit_mlp(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: 
         order = torch.randperm(len(targets), generator=generator)
         for start in range(0, len(order), settings.batch_size):
             rows = order[start:start + settings.batch_size]
-            loss = nn.functional.l1_loss(model(inputs[rows]), targets[rows])
+            predicted = model(inputs[rows])
+            if caps is not None:
+                predicted = torch.minimum(predicted, caps[rows])
+            loss = nn.functional.l1_loss(predicted, targets[rows])
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()

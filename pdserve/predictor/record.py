@@ -178,6 +178,7 @@ def _assemble(rows: list[tuple[int, int, int, int, np.ndarray]],
         "finish_length": np.array([item[4] for item in finished], dtype=bool),
         "template": np.array([item[1].template for item in finished], dtype=str),
         "kind": np.array([item[1].kind for item in finished], dtype=str),
+        "topic": np.array([item[1].topic for item in finished], dtype=str),
     }
     meta: dict[str, str | int | float] = {
         "every_tokens": settings.every_tokens, "max_tokens": settings.max_tokens,
