@@ -24,13 +24,14 @@ from pdserve.predictor.record import RecordedSet
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--data", type=Path, nargs="+", required=True)
     parser.add_argument("--seeds", type=int, default=5, help="splits 0..N-1 [5]")
     parser.add_argument("--no-search", action="store_true", help="default settings only")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    data = RecordedSet.load(args.data)
-    print(f"{args.data}: {len(data)} samples, {len(np.unique(data.request_id))} requests "
+    data = RecordedSet.load_many(args.data)
+    requests = len(np.unique(data.request_id))
+    print(f"{' + '.join(map(str, args.data))}: {len(data)} samples, {requests} requests "
           "with samples")
     print("split  test-requests  MLP-MAE  history-MAE  batch10-ms  (lr, batch)")
     rows = []

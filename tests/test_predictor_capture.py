@@ -109,6 +109,16 @@ def test_record_labels_remaining_tokens_and_round_trips(tiny, tmp_path):
     assert loaded.requests["kind"].tolist() == data.requests["kind"].tolist()
     assert loaded.requests["topic"].tolist() == [prompts[i].topic for i in range(6)]
     assert loaded.meta["every_tokens"] == "4" and loaded.meta["max_tokens"] == "18"
+    both = RecordedSet.concat([loaded, data])
+    assert len(both) == 2 * len(data) and len(set(both.requests["ids"].tolist())) == 12
+    assert set(both.request_id.tolist()) == set(both.requests["ids"].tolist()) - {
+        rid for rid, out in zip(both.requests["ids"], both.requests["output_tokens"],
+                                strict=True) if out < 4}
+    groups = both.prompt_groups()  # a prompt's two generations share a group
+    assert len(set(groups.tolist())) == len(set(data.request_id.tolist()))
+    loaded.meta["max_tokens"] = "99"
+    with pytest.raises(ValueError, match="differ in max_tokens"):
+        RecordedSet.concat([loaded, data])
     with pytest.raises(ValueError, match="captures every 4"):
         record(engine, encoded, RecordSettings(every_tokens=5), None)
 

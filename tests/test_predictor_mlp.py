@@ -62,6 +62,12 @@ def test_split_is_by_request_70_15_15():
     assert split_requests(ids, seed=4)[2].tolist() != test.tolist()
     with pytest.raises(ValueError, match="at least 3 requests"):
         split_requests(np.array([1, 1, 2]), seed=0)
+    # grouped (by prompt): requests 2g and 2g+1 share a prompt and stay in one split
+    groups = ids // 2
+    parts = split_requests(ids, seed=3, groups=groups)
+    assert [len(part) for part in parts] == [140, 30, 30]
+    for part in parts:
+        assert set(part // 2) and all({2 * g, 2 * g + 1} <= set(part) for g in set(part // 2))
 
 
 def test_mlp_learns_a_known_function_of_the_hidden_vector():

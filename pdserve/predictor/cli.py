@@ -108,7 +108,8 @@ def add_predictor_parser(subparsers: argparse._SubParsersAction) -> None:
     r.set_defaults(handler=_record)
     t = sub.add_parser("train", help="train the MLP on a recorded file (split by request "
                        "70/15/15) and save it")
-    t.add_argument("--data", type=Path, required=True, help="npz from `record`")
+    t.add_argument("--data", type=Path, nargs="+", required=True,
+                   help="npz file(s) from `record` (one model, cap and k)")
     t.add_argument("--out", type=Path, required=True, help="the predictor file (.pt)")
     t.add_argument("--epochs", type=int, default=100, help="at most [100]")
     t.add_argument("--patience", type=int, default=10,
@@ -124,7 +125,8 @@ def add_predictor_parser(subparsers: argparse._SubParsersAction) -> None:
     t.set_defaults(handler=_train)
     e = sub.add_parser("eval", help="test MAE, inference time per batch of 10, and the "
                        "history predictor's MAE on the same held-out requests")
-    e.add_argument("--data", type=Path, required=True, help="npz from `record`")
+    e.add_argument("--data", type=Path, nargs="+", required=True,
+                   help="the npz file(s) the predictor was trained on")
     e.add_argument("--predictor", type=Path, required=True, help="file from `train`")
     e.add_argument("--seed", type=int, default=None,
                    help="split seed [the one the predictor was trained with]")

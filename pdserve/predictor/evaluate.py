@@ -146,12 +146,13 @@ def batch_time_ms(predictor: HiddenStatePredictor, rows: list[DecodeProgress],
     return float(np.median(times) * 1e3)
 
 
-def evaluate(data_path: Path, predictor_path: Path, seed: int | None = None,
+def evaluate(data_paths: Sequence[Path], predictor_path: Path, seed: int | None = None,
              quantile: float = 0.5) -> EvalReport:
-    data = RecordedSet.load(data_path)
+    data = RecordedSet.load_many(data_paths)
     predictor = HiddenStatePredictor.load(predictor_path)
     split_seed = int(predictor.meta.get("split_seed", 0)) if seed is None else seed
-    train_ids, _, test_ids = split_requests(data.request_id, split_seed)
+    train_ids, _, test_ids = split_requests(data.request_id, split_seed,
+                                              data.prompt_groups())
     test = data.subset(np.isin(data.request_id, test_ids))
     max_tokens = int(data.meta["max_tokens"])
     truth = test.remaining_tokens.astype(np.float64)

@@ -163,8 +163,9 @@ class TrainReport:
 def train_predictor(data: RecordedSet, settings: TrainSettings,
                     log: Callable[[str], None] | None = None
                     ) -> tuple[HiddenStatePredictor, TrainReport]:
-    """Split `data` by request (70/15/15, `settings.seed`), train, measure each split."""
-    splits = split_requests(data.request_id, settings.seed)
+    """Split `data` by request (70/15/15, `settings.seed`; generations of one prompt stay
+    together), train, measure each split."""
+    splits = split_requests(data.request_id, settings.seed, data.prompt_groups())
     parts = [data.subset(np.isin(data.request_id, ids)) for ids in splits]
     train, val, test = parts
     max_tokens = int(data.meta.get("max_tokens", 0))
@@ -227,10 +228,10 @@ def search_predictor(data: RecordedSet, settings: TrainSettings,
     return best
 
 
-def train_from_file(data_path: Path, out: Path, settings: TrainSettings,
+def train_from_file(data_paths: Sequence[Path], out: Path, settings: TrainSettings,
                     log: Callable[[str], None] | None = None, search: bool = False
                     ) -> TrainReport:
-    data = RecordedSet.load(data_path)
+    data = RecordedSet.load_many(data_paths)
     train = search_predictor if search else train_predictor
     predictor, report = train(data, settings, log)
     predictor.save(out)

@@ -53,18 +53,25 @@ class LengthMLP(nn.Module):
         return self.layers(x).squeeze(-1)
 
 
-def split_requests(request_ids: np.ndarray, seed: int
+def split_requests(request_ids: np.ndarray, seed: int, groups: np.ndarray | None = None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct request ids shuffled by `seed` and cut 70/15/15 into (train, val, test)."""
-    ids = np.unique(request_ids)
-    if len(ids) < 3:
-        raise ValueError(f"a split by request needs at least 3 requests, got {len(ids)}")
-    ids = np.random.default_rng(seed).permutation(ids)
-    val_count = max(1, round(len(ids) * SPLIT_FRACTIONS[1]))
-    test_count = max(1, round(len(ids) * SPLIT_FRACTIONS[2]))
-    train_count = len(ids) - val_count - test_count
-    return (np.sort(ids[:train_count]), np.sort(ids[train_count:train_count + val_count]),
-            np.sort(ids[train_count + val_count:]))
+    """Distinct request ids shuffled by `seed` and cut 70/15/15 into (train, val, test).
+    With `groups` (a label per entry of `request_ids`, e.g. the prompt), whole groups are
+    shuffled and cut, so requests of one group never fall in two splits."""
+    labels = request_ids if groups is None else groups
+    keys = np.unique(labels)
+    if len(keys) < 3:
+        raise ValueError(f"a split by request needs at least 3 requests, got {len(keys)}")
+    keys = np.random.default_rng(seed).permutation(keys)
+    val_count = max(1, round(len(keys) * SPLIT_FRACTIONS[1]))
+    test_count = max(1, round(len(keys) * SPLIT_FRACTIONS[2]))
+    train_count = len(keys) - val_count - test_count
+    parts = (keys[:train_count], keys[train_count:train_count + val_count],
+             keys[train_count + val_count:])
+    if groups is None:
+        return tuple(np.sort(part) for part in parts)  # type: ignore[return-value]
+    return tuple(np.unique(request_ids[np.isin(groups, part)])  # type: ignore[return-value]
+                 for part in parts)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,40 @@ class RecordedSet:
                                 meta_keys=meta_keys, meta_values=meta_values,
                                 format_version=np.array(FORMAT_VERSION), **arrays)
 
+    def prompt_groups(self) -> np.ndarray | None:
+        """Per sample, its prompt (template / topic), when the request table has topics:
+        the split keeps every generation of one prompt in one split."""
+        if "topic" not in self.requests:
+            return None
+        key = {int(rid): f"{template}/{topic}" for rid, template, topic in zip(
+            self.requests["ids"], self.requests["template"], self.requests["topic"],
+            strict=True)}
+        return np.array([key[int(rid)] for rid in self.request_id])
+
+    @classmethod
+    def concat(cls, parts: Sequence[RecordedSet]) -> RecordedSet:
+        """Recordings of one model with one cap and k, request ids renumbered apart."""
+        for name in ("every_tokens", "max_tokens", "hidden_size"):
+            values = {str(part.meta.get(name)) for part in parts}
+            if len(values) > 1:
+                raise ValueError(f"recordings differ in {name}: {sorted(values)}")
+        offsets = np.cumsum([0] + [int(part.requests["ids"].max()) + 1 for part in parts])[:-1]
+        pairs = list(zip(parts, offsets, strict=True))
+        requests = {name: np.concatenate([part.requests[name] + offset if name == "ids"
+                                          else part.requests[name] for part, offset in pairs])
+                    for name in set.intersection(*(set(part.requests) for part in parts))}
+        return cls(np.concatenate([part.hidden for part in parts]),
+                   np.concatenate([part.request_id + offset for part, offset in pairs]),
+                   np.concatenate([part.prompt_tokens for part in parts]),
+                   np.concatenate([part.generated_tokens for part in parts]),
+                   np.concatenate([part.remaining_tokens for part in parts]), requests,
+                   {**parts[0].meta, "sources": len(parts)})
+
+    @classmethod
+    def load_many(cls, paths: Sequence[Path]) -> RecordedSet:
+        parts = [cls.load(path) for path in paths]
+        return parts[0] if len(parts) == 1 else cls.concat(parts)
+
     @classmethod
     def load(cls, path: Path) -> RecordedSet:
         if not path.is_file():
