@@ -12,7 +12,9 @@ cut before it), or `max_tokens`; before `min_tokens` output tokens neither EOS n
 string ends a sequence. Each sampled token also returns the final hidden state at that
 position (the input of an output-length predictor) and, when asked, its logprobs
 (`sampling.TokenLogprob`, from the raw logits); a sequence asking for prompt logprobs gets
-them computed during its first prefill.
+them computed during its first prefill. With `hidden_state_every_tokens=k` the engine also
+keeps that hidden state whenever a sequence's output count reaches a multiple of k, for the
+length predictor (`take_hidden_states`, `hidden_capture.py`).
 
 Sampling is a pure function of (seed or request id, output index, logits) (`sampling.py`),
 so a sequence resumed from tokens already generated (`add(..., resume_ids)`) or adopted

@@ -161,7 +161,8 @@ def record(engine: Engine, encoded: Sequence[tuple[Prompt, list[int]]],
                 top_p=settings.top_p, seed=settings.seed + rid))
             running[rid] = _Running(prompt, len(ids))
             chunks.append((rid, len(ids)))
-        decodes = [rid for rid in running if rid not in dict(chunks)]
+        joined = {rid for rid, _ in chunks}
+        decodes = [rid for rid in running if rid not in joined]
         outputs = engine.run(decodes, chunks)
         for rid, vector in engine.take_hidden_states().items():
             running[rid].captures.append((len(engine.sequences[rid].generated), vector))
@@ -181,20 +182,20 @@ def record(engine: Engine, encoded: Sequence[tuple[Prompt, list[int]]],
     return _assemble(rows, finished, engine, settings)
 
 
-def _check_pool(engine: Engine, encoded: Sequence[tuple[Prompt, list[int]]],
-                settings: RecordSettings) -> None:
-    longest = max((len(ids) for _, ids in encoded), default=0)
-    need = settings.batch_size * blocks_for(longest + settings.max_tokens)
-    if engine.allocator.free_blocks < need:
-        raise ValueError(f"the engine's pool has {engine.allocator.free_blocks} free blocks; "
-                         f"{settings.batch_size} sequences of up to {longest} prompt + "
-                         f"{settings.max_tokens} output tokens need {need}")
-
-
 def pool_blocks_for(encoded: Sequence[tuple[Prompt, list[int]]],
                     settings: RecordSettings) -> int:
+    """KV blocks for `batch_size` of the longest prompt running to `max_tokens`."""
     longest = max((len(ids) for _, ids in encoded), default=0)
     return settings.batch_size * blocks_for(longest + settings.max_tokens)
+
+
+def _check_pool(engine: Engine, encoded: Sequence[tuple[Prompt, list[int]]],
+                settings: RecordSettings) -> None:
+    need = pool_blocks_for(encoded, settings)
+    if engine.allocator.free_blocks < need:
+        raise ValueError(f"the engine's pool has {engine.allocator.free_blocks} free blocks; "
+                         f"{settings.batch_size} sequences of up to {settings.max_tokens} "
+                         f"output tokens after the longest prompt need {need}")
 
 
 def _assemble(rows: list[tuple[int, int, int, int, np.ndarray]],
