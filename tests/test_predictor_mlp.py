@@ -86,8 +86,8 @@ def test_mlp_learns_a_known_function_of_the_hidden_vector():
 def test_predictor_interface_clamps_and_carries_between_refreshes(tmp_path):
     data = synthetic(requests=60)
     predictor, _ = train_predictor(data, TrainSettings(epochs=5, seed=1))
-    h = data.hidden[:3]
-    raw = predictor.predict_hidden(h)
+    h = [data.hidden[i] for i in range(3)]  # one array object per decode, kept
+    raw = predictor.predict_hidden(np.stack(h))
     rows = [DecodeProgress(i, 20, 10, 10 + 10_000, hidden_state=h[i]) for i in range(3)]
     assert predictor.predict(rows) == pytest.approx(raw.tolist(), rel=1e-6)
     capped = [DecodeProgress(i, 20, 10, 15, hidden_state=h[i]) for i in range(3)]
@@ -95,6 +95,11 @@ def test_predictor_interface_clamps_and_carries_between_refreshes(tmp_path):
     # between refreshes: the last prediction less the tokens generated since
     later = predictor.predict([DecodeProgress(0, 20, 17, 10_000)])[0]
     assert later == pytest.approx(max(0.0, raw[0] - 7), abs=1e-4)
+    # the same vector object again (a caller keeping the latest capture) carries too
+    again = predictor.predict([DecodeProgress(1, 20, 14, 10_000, hidden_state=h[1])])[0]
+    assert again == pytest.approx(max(0.0, raw[1] - 4), abs=1e-4)
+    copy = predictor.predict([DecodeProgress(1, 20, 14, 10_000, hidden_state=h[1].copy())])
+    assert copy[0] == pytest.approx(raw[1], rel=1e-6)  # a new capture is predicted afresh
     unseen = predictor.predict([DecodeProgress(999, 20, 30, 10_000)])[0]
     assert unseen == pytest.approx(max(0.0, predictor.prior_output_tokens - 30))
     predictor.observe_finished(20, 100)  # no-op

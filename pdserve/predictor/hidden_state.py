@@ -6,7 +6,8 @@ k generated tokens (the engine captures the vectors: `engine/hidden_capture.py`)
 (`instance/length_predictor.py`) and is registered there as `hidden-state`, so
 `make_predictor("hidden-state:/path/predictor.pt")` loads a file written by
 `pdserve predictor train`. A decode that comes with a hidden state is predicted by the MLP
-(all of a call's vectors in one batch); one without (between refreshes) gets its last
+(all of a call's vectors in one batch); one without (between refreshes), or with the very
+vector object it came with last time (a caller keeping the latest capture), gets its last
 prediction less the tokens generated since, and one never seen the training requests'
 median output length less its generated tokens. Every prediction is clamped to
 [0, max_output_tokens - generated_tokens]. It does not learn online (`observe_finished` is
@@ -48,7 +49,8 @@ class HiddenStatePredictor:
         self.normaliser = normaliser
         self.prior_output_tokens = prior_output_tokens  # training requests' median
         self.meta = dict(meta or {})
-        self._last: OrderedDict[int, tuple[float, int]] = OrderedDict()  # rid -> (pred, gen)
+        # request id -> (prediction, generated tokens then, the vector it came from)
+        self._last: OrderedDict[int, tuple[float, int, object]] = OrderedDict()
 
     @property
     def hidden_size(self) -> int:
@@ -64,14 +66,15 @@ class HiddenStatePredictor:
         return np.maximum(out * self.normaliser.target_scale, 0.0)
 
     def predict(self, decodes: Sequence[DecodeProgress]) -> list[float]:
-        fresh = [i for i, d in enumerate(decodes) if d.hidden_state is not None]
+        fresh = [i for i, d in enumerate(decodes)
+                 if d.hidden_state is not None and not self._seen(d)]
         predicted: dict[int, float] = {}
         if fresh:
             batch = np.stack([np.asarray(decodes[i].hidden_state, dtype=np.float32)
                               for i in fresh])
             for i, value in zip(fresh, self.predict_hidden(batch).tolist(), strict=True):
                 predicted[i] = value
-                self._remember(decodes[i].request_id, value, decodes[i].generated_tokens)
+                self._remember(decodes[i], value)
         out = []
         for i, decode in enumerate(decodes):
             value = predicted.get(i)
@@ -85,11 +88,16 @@ class HiddenStatePredictor:
         last = self._last.get(decode.request_id)
         if last is None:
             return self.prior_output_tokens - decode.generated_tokens
-        value, generated = last
+        value, generated, _ = last
         return value - (decode.generated_tokens - generated)
 
-    def _remember(self, request_id: int, value: float, generated: int) -> None:
-        self._last[request_id] = (value, generated)
+    def _seen(self, decode: DecodeProgress) -> bool:
+        last = self._last.get(decode.request_id)
+        return last is not None and last[2] is decode.hidden_state
+
+    def _remember(self, decode: DecodeProgress, value: float) -> None:
+        request_id = decode.request_id
+        self._last[request_id] = (value, decode.generated_tokens, decode.hidden_state)
         self._last.move_to_end(request_id)
         if len(self._last) > _REMEMBERED_REQUESTS:
             self._last.popitem(last=False)
