@@ -1,4 +1,4 @@
-"""Command line: `pdserve simulate | profile | serve | bench | plan`."""
+"""Command line: `pdserve simulate | profile | serve | bench | plan | predictor`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from pdserve.planning.cli import add_plan_parser
 from pdserve.policies.ares.settings import add_ares_arguments
 from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
 from pdserve.policies.taichi.settings import add_taichi_arguments
+from pdserve.predictor.cli import add_predictor_parser
 from pdserve.server.serve_cli import add_serve_parser
 
 # flag -> SimConfig field, for flags whose name differs from the field
@@ -323,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(sub)
     _bench_parser(sub)
     add_plan_parser(sub)
+    add_predictor_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))

@@ -12,7 +12,9 @@ cut before it), or `max_tokens`; before `min_tokens` output tokens neither EOS n
 string ends a sequence. Each sampled token also returns the final hidden state at that
 position (the input of an output-length predictor) and, when asked, its logprobs
 (`sampling.TokenLogprob`, from the raw logits); a sequence asking for prompt logprobs gets
-them computed during its first prefill.
+them computed during its first prefill. With `hidden_state_every_tokens=k` the engine also
+keeps that hidden state whenever a sequence's output count reaches a multiple of k, for the
+length predictor (`take_hidden_states`, `hidden_capture.py`).
 
 Sampling is a pure function of (seed or request id, output index, logits) (`sampling.py`),
 so a sequence resumed from tokens already generated (`add(..., resume_ids)`) or adopted
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pdserve.engine.allocator import SegmentAllocator
+from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch
 from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
@@ -69,7 +73,7 @@ class TokenOutput:
 
 class Engine:
     def __init__(self, model: CausalLM, tokenizer: TextTokenizer | None, num_blocks: int,
-                 shared_name: str | None = None) -> None:
+                 shared_name: str | None = None, hidden_state_every_tokens: int = 0) -> None:
         config = model.config
         self.model = model
         self.tokenizer = tokenizer
@@ -83,6 +87,8 @@ class Engine:
         self.sessions = SessionKVStore(self.allocator)  # history KV kept between rounds
         self.prefill_tokens_total = 0  # prompt tokens computed by prefill chunks
         self.reused_tokens_total = 0  # tokens whose KV a session's history provided
+        # every k generated tokens, a sequence's hidden vector for the length predictor
+        self.hidden_capture = HiddenStateCapture(hidden_state_every_tokens)
 
     # ---- sequences ----
     def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams,
@@ -268,7 +274,16 @@ class Engine:
             sequence.finish_reason = self._stop_reason(sequence, token)
             outputs.append(TokenOutput(sequence.request_id, token, logits[index],
                                        hidden[index], sequence.finish_reason, logprobs[i]))
+            if self.hidden_capture.enabled:
+                self.hidden_capture.offer(sequence.request_id, len(sequence.generated),
+                                          hidden[index])
         return outputs
+
+    def take_hidden_states(self) -> dict[int, np.ndarray]:
+        """Request id -> float32 hidden vector captured since the last call, one whenever a
+        sequence's generated-token count reached a multiple of `hidden_state_every_tokens`
+        (`hidden_capture.py`); empty when capture is off."""
+        return self.hidden_capture.take()
 
     @staticmethod
     def _prompt_logprob_rows(work: list[tuple[Sequence, int]]

@@ -1,0 +1,1 @@
+"""ARES's hidden-state remaining-length predictor: record, train, evaluate (`cli.py`)."""
