@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from pdserve.instance.length_predictor import DecodeProgress, make_predictor
-from pdserve.predictor.evaluate import HistoryBaseline
 from pdserve.predictor.hidden_state import HiddenStatePredictor, train_predictor
 from pdserve.predictor.mlp import TrainSettings, hidden_widths, split_requests
 from pdserve.predictor.record import RecordedSet
@@ -125,18 +124,6 @@ def test_file_round_trip_and_make_predictor(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a model")
     with pytest.raises(ValueError, match="not a hidden-state predictor"):
         HiddenStatePredictor.load(tmp_path / "junk.pt")
-
-
-def test_history_baseline_is_the_conditional_median_of_survivors():
-    baseline = HistoryBaseline()
-    for output in (10, 20, 30, 40, 50, 60, 70):
-        baseline.observe_finished(100, output)  # bucket 6 (64-127 prompt tokens)
-    # survivors past 25 generated: 30..70, median 50 -> 25 remaining
-    assert baseline.predict([DecodeProgress(1, 90, 25, 1000)]) == [25.0]
-    assert baseline.predict([DecodeProgress(1, 90, 25, 40)]) == [15.0]  # cap
-    # an empty bucket pools with all requests
-    assert baseline.predict([DecodeProgress(2, 3, 0, 1000)]) == [40.0]
-    assert baseline.predict([DecodeProgress(3, 90, 100, 1000)]) == [0.0]
 
 
 def test_search_keeps_the_best_validation_run(monkeypatch):

@@ -6,12 +6,10 @@ the predictor file). Both predictors answer through `RemainingLengthPredictor.pr
 the same `DecodeProgress` rows (the MLP's with the recorded hidden state), so both are
 clamped to [0, max_tokens - generated] alike.
 
-The comparison: the shared `history` predictor (`make_predictor("history")`) when it is
-registered, told every training request through `observe_finished`; otherwise
-`HistoryBaseline` below, the same definition fitted on the training requests: the
-`quantile` (default the median, which minimises the MAE) of the output lengths of training
-requests in the sample's input-length bucket that generated at least as many tokens as it
-has, less those tokens.
+The comparison: the shared `history` predictor (`make_predictor("history")`), told every
+training request through `observe_finished`: the `quantile` (default the median, which
+minimises the MAE) of the output lengths of training requests in the sample's input-length
+bucket that generated more tokens than it has, less those tokens.
 """
 
 from __future__ import annotations
@@ -36,61 +34,13 @@ from pdserve.predictor.record import RecordedSet
 
 TIMING_BATCH = 10
 TIMING_REPEATS = 200
-MIN_BUCKET_REQUESTS = 5  # fewer training requests than this: the bucket pools with all
-
-
-class HistoryBaseline:
-    """Conditional quantile of output length given the input-length bucket (powers of two)
-    and the tokens generated so far, over the finished requests it was told about."""
-
-    name = "history-baseline"
-
-    def __init__(self, quantile: float = 0.5) -> None:
-        if not 0.0 < quantile < 1.0:
-            raise ValueError(f"quantile must be in (0, 1), got {quantile}")
-        self.quantile = quantile
-        self._outputs: dict[int, list[int]] = {}  # bucket -> output lengths
-        self._sorted: dict[int, np.ndarray] = {}
-
-    @staticmethod
-    def bucket(prompt_tokens: int) -> int:
-        return max(0, int(prompt_tokens).bit_length() - 1)
-
-    def observe_finished(self, prompt_tokens: int, output_tokens: int) -> None:
-        self._outputs.setdefault(self.bucket(prompt_tokens), []).append(output_tokens)
-        self._sorted.clear()
-
-    def _lengths(self, bucket: int | None) -> np.ndarray:
-        key = -1 if bucket is None else bucket
-        if key not in self._sorted:
-            values = (self._outputs.get(bucket, []) if bucket is not None
-                      else [v for values in self._outputs.values() for v in values])
-            self._sorted[key] = np.sort(np.asarray(values, dtype=np.float64))
-        return self._sorted[key]
-
-    def predict(self, decodes: Sequence[DecodeProgress]) -> list[float]:
-        out = []
-        for decode in decodes:
-            value = 0.0
-            for bucket in (self.bucket(decode.prompt_tokens), None):
-                lengths = self._lengths(bucket)
-                alive = lengths[np.searchsorted(lengths, decode.generated_tokens):]
-                if len(alive) >= MIN_BUCKET_REQUESTS or (bucket is None and len(alive)):
-                    value = float(np.quantile(alive, self.quantile)) - decode.generated_tokens
-                    break
-            cap = max(0, decode.max_output_tokens - decode.generated_tokens)
-            out.append(min(max(value, 0.0), cap))
-        return out
 
 
 def history_predictor(quantile: float) -> tuple[RemainingLengthPredictor, str]:
-    """The shared `history` predictor if registered, else `HistoryBaseline`; and a note."""
-    try:
-        return make_predictor("history"), "the shared `history` predictor"
-    except ValueError:
-        return (HistoryBaseline(quantile), "`history` is not registered on this branch: "
-                "using evaluate.HistoryBaseline (same definition, fitted on the training "
-                "requests)")
+    """The shared `history` predictor (`instance/simple_predictors.py`) with an unbounded
+    window, so it keeps every training request it is told about; and a note."""
+    return (make_predictor(f"history:q={quantile},window=1000000000"),
+            f"the shared `history` predictor (q={quantile:g})")
 
 
 @dataclass
