@@ -140,3 +140,31 @@ def test_record_from_the_default_model_captures_its_hidden_size(tmp_path):
     assert len(data) == int((data.requests["output_tokens"] // 10).sum()) > 0
     assert np.isfinite(data.hidden).all()
     assert (data.remaining_tokens >= 0).all() and (data.remaining_tokens < 40).all()
+
+
+def test_a_worker_serving_the_hidden_state_predictor_switches_capture_on(tiny, tmp_path):
+    """`--ares-predictor hidden-state:PATH` on a live worker: its engine captures every k
+    tokens (the forecast's refresh interval); other predictors leave the capture off."""
+    from test_predictor_mlp import synthetic
+
+    from pdserve.instance.decode_forecast import ForecastSettings
+    from pdserve.instance.local_scheduler import LocalScheduler
+    from pdserve.live.worker_forecast import WorkerForecast
+    from pdserve.predictor.hidden_state import train_predictor
+    from pdserve.predictor.mlp import TrainSettings
+
+    model, tokenizer = tiny
+    predictor, _ = train_predictor(synthetic(requests=40), TrainSettings(epochs=2, seed=0))
+    predictor.save(tmp_path / "p.pt")
+    for spec, every in ((f"hidden-state:{tmp_path / 'p.pt'}", 4), ("history", 0)):
+        engine = Engine(model, tokenizer, 64)
+        assert not engine.hidden_capture.enabled
+        WorkerForecast.build(ForecastSettings(predictor=spec, refresh_every_tokens=4), engine,
+                             LocalScheduler(0, 64, 64))
+        assert engine.hidden_capture.every_tokens == every
+        ids = tokenizer.encode("The quick brown fox")
+        engine.add(3, ids, SamplingParams(max_tokens=8, ignore_eos=True))
+        engine.run([], [(3, len(ids))])
+        for _ in range(3):
+            engine.run([3], [])
+        assert set(engine.take_hidden_states()) == ({3} if every else set())

@@ -5,8 +5,8 @@ pre-compute their local future-load simulation and report it to the scheduler).
 A live worker does not know how long a request will run: its `Request.output_tokens` is
 `max_tokens`. `oracle` cannot run here; `noisy` perturbs the `max_tokens` cap (exact for a
 request that ignores EOS); `history` learns from the requests that finish on this worker;
-`hidden-state` reads the engine's captured last-layer hidden states
-(`Engine.take_hidden_states`, when the engine has it).
+`hidden-state` switches on the engine's capture of last-layer hidden states every k tokens
+and reads them (`Engine.take_hidden_states`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.instance.decode_forecast import DecodeForecast, DecodeLoadTracker, ForecastSettings
+from pdserve.instance.length_predictor import parse_predictor_spec
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.types import Request
 
@@ -36,12 +38,13 @@ class WorkerForecast:
         if settings is None:
             return None
         check_live_predictor(settings.predictor)
+        if parse_predictor_spec(settings.predictor)[0] == "hidden-state":
+            # the engine keeps each decode's hidden vector every k tokens (the refresh)
+            engine.hidden_capture = HiddenStateCapture(settings.refresh_every_tokens)
         return cls(DecodeLoadTracker(settings, knows_true_length=False), engine, local)
 
     def report(self) -> DecodeForecast:
-        take = getattr(self.engine, "take_hidden_states", None)  # the hidden-state capture
-        if take is not None:
-            self.hidden.update(take())
+        self.hidden.update(self.engine.take_hidden_states())  # empty unless capturing
         local = self.local
         incoming = (*local.transfer_queue, *local.transferring.values(), *local.ready)
         here_count = len(local.running) + len(incoming)
