@@ -83,6 +83,14 @@ def test_profiled_ttft_includes_one_overhead_per_chunk():
                                           + c.per_attn_unit_s * 2500 * 2500)
 
 
+def test_profile_skips_prompts_whose_kv_does_not_fit_in_whole_blocks():
+    """Capacity 1,000 tokens is 62 blocks (992 tokens): a 995-token prompt fits the token
+    count but not the blocks, and must be skipped rather than planned forever."""
+    samples = dict(profile_ttft(make_perf(kv_capacity_tokens=1_000), chunk_size_tokens=512,
+                                lengths=(900, 990, 995)))
+    assert sorted(samples) == [900, 990]
+
+
 def test_max_running_tokens_is_bounded_by_memory_and_by_the_tpot_slo():
     perf = make_perf(kv_capacity_tokens=100_000)
     assert max_running_tokens(perf, tpot_slo_s=10.0, max_batch_size=64) == 100_000

@@ -29,7 +29,7 @@ import numpy as np
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.stats import InstanceLoad
 from pdserve.perf.fitted import PerfModel, PrefillCoeffs
-from pdserve.types import KV_BLOCK_TOKENS, Request
+from pdserve.types import KV_BLOCK_TOKENS, Request, blocks_for
 
 MAX_CONTEXT_TOKENS = 131_072  # 128K: Llama 3.1, Qwen2.5 and Qwen3 (with YaRN), R1 distills
 MIN_PROFILE_TOKENS = 16
@@ -99,7 +99,7 @@ def profile_ttft(perf: PerfModel, chunk_size_tokens: int,
         lengths = profile_lengths(longest_prompt_tokens(perf))
     samples = []
     for n in lengths:
-        if n + 1 > perf.kv_capacity_tokens:
+        if blocks_for(n + 1) > total_blocks:  # its KV does not fit in the instance's blocks
             continue
         local = LocalScheduler(0, total_blocks, chunk_size_tokens)
         local.enqueue_prefill(Request(0, 0.0, n, 2))
