@@ -84,7 +84,11 @@ async def replay(url: str, workload: Workload, model: str, timeout_s: float,
     requests = workload.requests()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     gate = asyncio.Semaphore(max_in_flight)
-    async with httpx.AsyncClient(base_url=url, headers=headers,
+    # as many connections as requests in flight: httpx's default pool (100) would hold the
+    # rest back in the client, and their wait would count as the server's TTFT
+    limits = httpx.Limits(max_connections=max_in_flight,
+                          max_keepalive_connections=max_in_flight)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(timeout_s)) as client:
         origin = time.monotonic()
         deadline = origin + timeout_s
