@@ -86,15 +86,16 @@ class Worker:
                  chunk_size_tokens: int, max_batch_size: int, connection: Connection,
                  phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
                  queue_order: Callable[[], QueueOrder] = FCFSOrder,
-                 perf: PerfModel | None = None) -> None:
+                 perf: PerfModel | None = None, pool_name: str = "") -> None:
         """`queue_order`: the policy's prefill queue order; one that reads the time and
-        prefill estimates (AMPD's Alg. 2) gets `time.monotonic` and `perf`."""
+        prefill estimates (AMPD's Alg. 2) gets `time.monotonic` and `perf`. `pool_name`:
+        the KV pool's shared-memory name (default: from the PID and instance)."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.connection = connection
         model, tokenizer = load_model(model_name, seed)
         self.engine = Engine(model, tokenizer, num_blocks,
-                             shared_name=f"pdserve-{os.getpid()}-{instance_id}")
+                             shared_name=pool_name or f"pdserve-{os.getpid()}-{instance_id}")
         install_from_env(self.engine)
         release_freed_memory()  # what resolving the model parsed and dropped
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size,

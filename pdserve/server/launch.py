@@ -17,6 +17,7 @@ from pdserve.engine.config import ModelConfig
 from pdserve.engine.loader import prepare_weights
 from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
+from pdserve.live.ray_cluster import RaySettings
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.presets import PolicySetup, build_policy
@@ -51,6 +52,7 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     prefix_block_tokens: int = 16  # tokens per prefix-cache hash in the workers; 0: none
     taichi: TaiChiSettings = field(default_factory=TaiChiSettings)  # --policy taichi
+    ray: RaySettings | None = None  # --ray: workers in Ray actors (live/ray_workers.py)
 
     def __post_init__(self) -> None:
         for name in ("instances", "prefill", "decode", "kv_cache_mib", "chunk_size_tokens",
@@ -130,7 +132,7 @@ def build_app(config: ServeConfig) -> FastAPI:
         config.model, config.seed, kv_blocks, config.chunk_size_tokens,
         config.max_batch_size, policy.phase_priority.value, config.prefix_block_tokens,
         queue_order=policy.queue_order, perf=perf),
-        config.monitor_interval_s, config.max_outstanding)
+        config.monitor_interval_s, config.max_outstanding, config.ray)
     return create_app(driver, ServerSettings(
         config.served_model_name or served.name, context, served.config.vocab_size,
         config.api_key or None, config.max_body_bytes, template,

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from pdserve.live.ray_cluster import KV_TRANSPORTS, RaySettings
 from pdserve.policies.presets import PRESETS
 from pdserve.policies.taichi.settings import add_taichi_arguments, settings_from_fields
 
@@ -52,6 +53,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tpot-slo", type=float, default=0.2, help="seconds [0.2]")
     p.add_argument("--perf-model", default="", help="a `pdserve profile` file (default: a "
                    "quick profile at start)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="host the workers in Ray actors: on the cluster at ADDRESS, or "
+                   "without one on a local Ray instance on 127.0.0.1 (pip install "
+                   "'pdserve[ray]')")
+    p.add_argument("--ray-kv-transport", choices=KV_TRANSPORTS, default="tcp",
+                   help="KV hand-off between nodes [tcp]")
+    p.add_argument("--ray-cpus-per-worker", type=float, default=1.0, help="[1]")
     add_taichi_arguments(p)
     p.set_defaults(handler=_run_serve)
 
@@ -76,7 +84,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name, max_model_len=args.max_model_len,
         chat_template=args.chat_template, max_body_bytes=args.max_body_bytes,
         prefix_block_tokens=args.prefix_block_tokens,
-        taichi=settings_from_fields(args))
+        taichi=settings_from_fields(args),
+        ray=None if args.ray is None else RaySettings(
+            args.ray, cpus_per_worker=args.ray_cpus_per_worker,
+            kv_transport=args.ray_kv_transport))
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pdserve").setLevel(args.log_level.upper())
     # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)
