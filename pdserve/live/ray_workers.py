@@ -84,6 +84,9 @@ class RayWorkers(WorkerProcesses):
         return self._processes[instance].actor
 
     async def stop(self) -> None:
+        for process in self._processes:  # not connected (e.g. waiting for a node): no
+            if process is not None and process.pid is None and process.is_alive():
+                process.kill()  # Shutdown reaches it, so do not wait for it
         await super().stop()
         for process in self._processes:
             if process is not None:
