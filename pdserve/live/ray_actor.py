@@ -74,6 +74,7 @@ class WorkerHost:
             self.instance, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens,
             s.max_batch_size, None, s.phase_priority,  # type: ignore[arg-type]
             s.prefix_block_tokens, s.queue_order, s.perf, pool_name=self.pool_name,
+            device=s.device,
             namespace=self.namespace, kv_transport=self.kv_transport)
         node_ip = ray.util.get_node_ip_address()
         self.kv = KVServer(self.worker.engine.pool, node_ip)

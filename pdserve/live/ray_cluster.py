@@ -26,6 +26,7 @@ class RaySettings:
     address: str = ""  # a running cluster's GCS address; "": a local instance on loopback
     num_cpus: int = 0  # the local instance's CPUs; 0: what the workers need
     cpus_per_worker: float = 1.0  # each worker loop runs one torch thread
+    gpus_per_worker: float = 1.0  # when the engines run on a GPU (fractions share one)
     kv_transport: str = "tcp"  # between nodes: "tcp" (the KV stream) or "object-store"
     namespace: str = "pdserve"
     # a custom resource each instance's actor needs (one per instance, or none): pins
@@ -38,6 +39,9 @@ class RaySettings:
         if not self.cpus_per_worker > 0:
             raise ValueError(f"ray setting 'cpus_per_worker' must be positive, got "
                              f"{self.cpus_per_worker}")
+        if self.gpus_per_worker < 0:
+            raise ValueError(f"ray setting 'gpus_per_worker' must not be negative, got "
+                             f"{self.gpus_per_worker}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"ray setting 'kv_transport' must be one of {KV_TRANSPORTS}, "
                              f"got {self.kv_transport!r}")

@@ -82,17 +82,21 @@ class KVServer:
 
 
 class _Staging:
-    """A growable buffer of whole blocks that `recv_blocks` can fill (`run`, `block_bytes`)."""
+    """A growable host buffer of whole blocks that `recv_blocks` can fill (`host_run`,
+    `block_bytes`)."""
 
     def __init__(self, like: PagedKVPool) -> None:
         self.block_shape = like.shape[1:]
         self.block_bytes = like.block_bytes
-        self.data = torch.empty((0, *self.block_shape), dtype=torch.float32)
+        self.dtype = like.dtype
+        self.data = torch.empty((0, *self.block_shape), dtype=like.dtype)
 
     def run(self, start: int, count: int) -> torch.Tensor:
         if start + count > self.data.shape[0]:
-            self.data = torch.empty((start + count, *self.block_shape), dtype=torch.float32)
+            self.data = torch.empty((start + count, *self.block_shape), dtype=self.dtype)
         return self.data[start:start + count]
+
+    host_run = run
 
 
 class RemoteKVPool:
@@ -142,19 +146,19 @@ def object_store_pool(host: Any, like: PagedKVPool) -> RemoteKVPool:
     def fetch(start: int, count: int, staging: _Staging) -> torch.Tensor:
         array = ray.get(host.read_run.remote(start, count), timeout=READ_TIMEOUT_S)
         target = staging.run(0, count)
-        np.copyto(target.numpy(), array)
+        np.copyto(target.view(torch.uint8).numpy(), array)
         return target
 
     return RemoteKVPool(like, fetch)
 
 
 def read_run(pool: PagedKVPool, start: int, count: int) -> np.ndarray:
-    """The sender's side of `object-store`: the run as an array (Ray copies it into its
-    object store when the actor method returns; the blocks are held until released)."""
+    """The sender's side of `object-store`: the run's bytes as an array (Ray copies it into
+    its object store when the actor method returns; the blocks are held until released)."""
     if count < 1 or start + count > pool.num_blocks:
         raise ValueError(f"blocks [{start}, {start + count}) are outside the pool of "
                          f"{pool.num_blocks} blocks")
-    return pool.run(start, count).numpy()
+    return pool.host_run(start, count).view(torch.uint8).numpy()  # any dtype: its bytes
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:

@@ -42,6 +42,8 @@ class RayWorkers(WorkerProcesses):
         self._generation = [0] * count
         self._host_ip = ""
         self._actor_class = ray.remote(WorkerHost)
+        device = settings.device
+        self._gpus = 0.0 if device is None or device.on_cpu else ray_settings.gpus_per_worker
 
     async def start(self, on_message: Callable[[object], None], on_exit: ExitHandler,
                     on_ready: ReadyHandler) -> list[InstanceStats]:
@@ -61,6 +63,7 @@ class RayWorkers(WorkerProcesses):
         environment = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
         actor = self._actor_class.options(
             name=name, namespace=self.ray.namespace, num_cpus=self.ray.cpus_per_worker,
+            num_gpus=self._gpus,
             resources=self.ray.resources_of(instance), max_concurrency=ACTOR_CONCURRENCY,
             max_restarts=0, scheduling_strategy=None if self.ray.instance_resources
             else "SPREAD").remote(instance, self.settings, name, self.ray.namespace,

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.checkpoint import resolve_model
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.device import resolve_device
 from pdserve.engine.loader import prepare_weights
 from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
@@ -53,6 +54,8 @@ class ServeConfig:
     prefix_block_tokens: int = 16  # tokens per prefix-cache hash in the workers; 0: none
     taichi: TaiChiSettings = field(default_factory=TaiChiSettings)  # --policy taichi
     ray: RaySettings | None = None  # --ray: workers in Ray actors (live/ray_workers.py)
+    device: str = "auto"  # the engines': auto (CUDA when present), cpu, cuda, cuda:N
+    dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
 
     def __post_init__(self) -> None:
         for name in ("instances", "prefill", "decode", "kv_cache_mib", "chunk_size_tokens",
@@ -128,10 +131,13 @@ def build_app(config: ServeConfig) -> FastAPI:
         chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
         flowkv=FlowKVSettings(prefix_block_tokens=config.prefix_block_tokens or 16),
         taichi=config.taichi))
+    where = resolve_device(config.device, config.dtype, workers_per_gpu=count)
+    log.info("engines on %s in %s%s", where.device, where.dtype,
+             f", {where.memory_fraction:.0%} of the GPU each" if where.memory_fraction else "")
     driver = LiveDriver(policy, count, served.require_tokenizer(), WorkerSettings(
         config.model, config.seed, kv_blocks, config.chunk_size_tokens,
         config.max_batch_size, policy.phase_priority.value, config.prefix_block_tokens,
-        queue_order=policy.queue_order, perf=perf),
+        queue_order=policy.queue_order, perf=perf, device=where),
         config.monitor_interval_s, config.max_outstanding, config.ray)
     return create_app(driver, ServerSettings(
         config.served_model_name or served.name, context, served.config.vocab_size,
