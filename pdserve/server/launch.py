@@ -131,7 +131,9 @@ def build_app(config: ServeConfig) -> FastAPI:
         chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
         flowkv=FlowKVSettings(prefix_block_tokens=config.prefix_block_tokens or 16),
         taichi=config.taichi))
-    where = resolve_device(config.device, config.dtype, workers_per_gpu=count)
+    sharing = count if config.ray is None else max(1, round(1 / (config.ray.gpus_per_worker
+                                                                 or 1)))  # workers per GPU
+    where = resolve_device(config.device, config.dtype, workers_per_gpu=sharing)
     log.info("engines on %s in %s%s", where.device, where.dtype,
              f", {where.memory_fraction:.0%} of the GPU each" if where.memory_fraction else "")
     driver = LiveDriver(policy, count, served.require_tokenizer(), WorkerSettings(
