@@ -52,6 +52,7 @@ POOL_BLOCKS = 512
 SIZES_BLOCKS = (16, 64, 256)  # 256, 1024 and 4096 tokens
 FRAGMENTS = 8
 NAMESPACE = "pdserve-bench"
+BENCH_KEY = b"pdserve-bench-kv-key"
 POOL_NAMES = ("pdserve-bench-s", "pdserve-bench-f", "pdserve-bench-n")  # = actor names
 
 
@@ -65,7 +66,7 @@ class PoolHost:
         torch.manual_seed(seed)
         self.pool.data.normal_()
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.kv = KVServer(self.pool, ray.util.get_node_ip_address())
+        self.kv = KVServer(self.pool, ray.util.get_node_ip_address(), BENCH_KEY)
         self.peers: dict[str, object] = {}  # by transport, kept as a worker keeps them
 
     def kv_endpoint(self) -> tuple[str, str, int]:
@@ -87,7 +88,7 @@ class PoolHost:
                 self.peers[transport] = attach_pool(sender_name, self.pool)
             elif transport == "tcp":
                 _, host, port = ray.get(sender.kv_endpoint.remote())
-                self.peers[transport] = tcp_pool((host, port), self.pool)
+                self.peers[transport] = tcp_pool((host, port), self.pool, BENCH_KEY)
             else:
                 self.peers[transport] = object_store_pool(sender, self.pool)
         self.pool.data[target] = 0.0  # nothing left from the last copy

@@ -85,8 +85,8 @@ def test_the_kv_stream_reads_aligned_runs_of_a_remote_pool_exactly():
     target = PagedKVPool(64, 2, 2, 8)
     torch.manual_seed(0)
     source.data.normal_()
-    server = KVServer(source, LOOPBACK)
-    remote = tcp_pool(server.address, target)
+    server = KVServer(source, LOOPBACK, KEY)
+    remote = tcp_pool(server.address, target, KEY)
     source_blocks = [3, 4, 5, 6, 20, 21, 40]
     target_blocks = [10, 11, 12, 13, 14, 30, 31]
     copies = copy_aligned(remote, target, source_blocks, target_blocks)  # type: ignore[arg-type]
@@ -98,14 +98,16 @@ def test_the_kv_stream_reads_aligned_runs_of_a_remote_pool_exactly():
     server.close()
 
 
-def test_a_kv_request_outside_the_pool_fails_the_reader_not_the_server():
+def test_a_kv_request_outside_the_pool_or_without_the_key_fails_the_reader_only():
     source = PagedKVPool(8, 1, 1, 4)
-    server = KVServer(source, LOOPBACK)
-    remote = tcp_pool(server.address, source)
+    server = KVServer(source, LOOPBACK, KEY)
+    remote = tcp_pool(server.address, source, KEY)
     with pytest.raises(ConnectionError):
         remote.run(6, 4)
     remote.close()
-    assert torch.equal(tcp_pool(server.address, source).run(0, 2), source.data[:2])
+    assert torch.equal(tcp_pool(server.address, source, KEY).run(0, 2), source.data[:2])
+    with pytest.raises(AuthenticationError):  # no key, no KV
+        tcp_pool(server.address, source, b"y" * 32)
     server.close()
 
 

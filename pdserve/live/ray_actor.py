@@ -33,8 +33,10 @@ ACTOR_CONCURRENCY = 4  # serve + peers' endpoint and object-store reads
 
 
 class RayHostedWorker(Worker):
-    def __init__(self, *args: Any, namespace: str, kv_transport: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, namespace: str, kv_transport: str, authkey: bytes,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.authkey = authkey  # the server's: its workers' KV servers ask peers for it
         self.namespace = namespace
         self.kv_transport = kv_transport
         self.node_id = ray.get_runtime_context().get_node_id()
@@ -47,7 +49,7 @@ class RayHostedWorker(Worker):
             if node_id == self.node_id:
                 self.peers[pool_name] = attach_pool(pool_name, like)
             elif self.kv_transport == "tcp":
-                self.peers[pool_name] = tcp_pool((host, port), like)  # type: ignore[assignment]
+                self.peers[pool_name] = tcp_pool((host, port), like, self.authkey)  # type: ignore[assignment]
             else:
                 self.peers[pool_name] = object_store_pool(sender, like)  # type: ignore[assignment]
         return self.peers[pool_name]
@@ -75,9 +77,9 @@ class WorkerHost:
             s.max_batch_size, None, s.phase_priority,  # type: ignore[arg-type]
             s.prefix_block_tokens, s.queue_order, s.perf, pool_name=self.pool_name,
             device=s.device,
-            namespace=self.namespace, kv_transport=self.kv_transport)
+            namespace=self.namespace, kv_transport=self.kv_transport, authkey=authkey)
         node_ip = ray.util.get_node_ip_address()
-        self.kv = KVServer(self.worker.engine.pool, node_ip)
+        self.kv = KVServer(self.worker.engine.pool, node_ip, authkey)
         self._ready.set()
         connection = Client(address, authkey=authkey)
         connection.send(ActorHello(os.getpid(), self.worker.node_id, node_ip))

@@ -72,7 +72,7 @@ class ActorChannel:
         if self.death:  # the wake-up connection of a dead actor
             peer.close()
             raise EOFError(self.death)
-        _receive_timeout(peer, HANDSHAKE_TIMEOUT_S)  # a blocking fd that gives up
+        receive_timeout(peer, HANDSHAKE_TIMEOUT_S)  # a blocking fd that gives up
         conn = Connection(os.dup(peer.fileno()))
         try:
             deliver_challenge(conn, self._authkey)
@@ -86,7 +86,7 @@ class ActorChannel:
             conn.close()
             peer.close()
             raise EOFError(f"the actor sent {type(hello).__name__} before its hello")
-        _receive_timeout(peer, 0.0)
+        receive_timeout(peer, 0.0)
         peer.close()  # the connection holds its own descriptor
         self._conn, self.hello = conn, hello
         return True
@@ -125,12 +125,27 @@ class ActorChannel:
         self._conn = self._listener = None
 
 
-def _receive_timeout(sock: socket.socket, seconds: float) -> None:
-    """A kernel receive timeout on a blocking socket (0: none): the pipe protocol needs a
-    blocking descriptor, and the handshake must not wait forever on a silent peer."""
+def receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """A kernel receive timeout on a blocking socket (0: none): `multiprocessing`'s
+    connections need a blocking descriptor, and a silent peer must not stall a reader."""
     whole = int(seconds)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
                     struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+
+
+def authenticate(sock: socket.socket, authkey: bytes, serving: bool) -> None:
+    """`multiprocessing.connection`'s mutual challenge over a plain socket (a blocking one;
+    raises `AuthenticationError` or `OSError`), which then carries the caller's protocol."""
+    conn = Connection(os.dup(sock.fileno()))
+    try:
+        if serving:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        else:
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+    finally:
+        conn.close()
 
 
 def exit_code_of(error: BaseException | None, killed_here: bool) -> int:

@@ -5,9 +5,11 @@ workers do. Across nodes the receiver reads the sender's blocks one aligned run 
 through a `RemoteKVPool`, which stands in for the mapped pool in `copy_aligned` (only `run`
 is called on a source), by one of two transports:
 
-- `tcp`: every Ray-hosted worker runs a `KVServer` thread; a request names a run
-  (first block, count) and the answer is `transfer.send_blocks`' stream of it, read with
-  `transfer.recv_blocks` into a staging buffer;
+- `tcp`: every Ray-hosted worker runs a `KVServer` thread; a peer first passes the
+  server's challenge (the key the driver gave every worker of the server, as the driver's
+  channel does), then each request names a run (first block, count) and the answer is
+  `transfer.send_blocks`' stream of it, read with `transfer.recv_blocks` into a staging
+  buffer;
 - `object-store`: the sender's actor returns the run as an array (`WorkerHost.read_run`),
   which Ray moves through its object stores.
 
@@ -23,6 +25,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
+from multiprocessing import AuthenticationError
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,7 @@ import torch
 
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.transfer import recv_blocks, send_blocks
+from pdserve.live.ray_channel import authenticate, receive_timeout
 
 _REQUEST = struct.Struct("!II")  # first block, number of blocks
 READ_TIMEOUT_S = 30.0
@@ -39,8 +43,9 @@ class KVServer:
     """Serves runs of one pool over TCP to peers on other nodes (a daemon thread per peer).
     Counts what it served (`runs_served`, `bytes_served`; object-store reads too)."""
 
-    def __init__(self, pool: PagedKVPool, host: str) -> None:
+    def __init__(self, pool: PagedKVPool, host: str, authkey: bytes) -> None:
         self.pool = pool
+        self._authkey = authkey
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self.runs_served = 0
@@ -59,6 +64,12 @@ class KVServer:
 
     def _serve(self, peer: socket.socket) -> None:
         with peer:
+            try:
+                receive_timeout(peer, READ_TIMEOUT_S)
+                authenticate(peer, self._authkey, serving=True)
+                receive_timeout(peer, 0.0)  # then wait for requests as long as it likes
+            except (AuthenticationError, EOFError, OSError):
+                return
             while True:
                 try:
                     header = _recv_exact(peer, _REQUEST.size)
@@ -123,10 +134,17 @@ class RemoteKVPool:
         self._close()
 
 
-def tcp_pool(address: tuple[str, int], like: PagedKVPool) -> RemoteKVPool:
-    """Read runs from a peer's `KVServer` over one persistent connection."""
+def tcp_pool(address: tuple[str, int], like: PagedKVPool, authkey: bytes) -> RemoteKVPool:
+    """Read runs from a peer's `KVServer` over one persistent, authenticated connection."""
     sock = socket.create_connection(address, timeout=READ_TIMEOUT_S)
+    sock.settimeout(None)  # blocking, with a kernel receive timeout instead
+    receive_timeout(sock, READ_TIMEOUT_S)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        authenticate(sock, authkey, serving=False)
+    except BaseException:
+        sock.close()
+        raise
     lock = threading.Lock()
 
     def fetch(start: int, count: int, staging: _Staging) -> torch.Tensor:
