@@ -17,9 +17,11 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from server_helpers import running_server  # noqa: E402
 from test_server import PROMPT, local_greedy  # noqa: E402
-from test_server_faults import stream_text  # noqa: E402
+from test_server_faults import FAULT_TOKEN, complete, stream_text  # noqa: E402
 
+from pdserve.live.faults import EXIT_TOKEN_ENV  # noqa: E402
 from pdserve.live.processes import WorkerState  # noqa: E402
+from pdserve.live.ray_channel import ACTOR_CRASH_EXIT_CODE  # noqa: E402
 from pdserve.live.ray_cluster import LOOPBACK, RaySettings, use_loopback  # noqa: E402
 
 NODE_A, NODE_B = "pdserve-test-node-a", "pdserve-test-node-b"
@@ -47,9 +49,11 @@ def cluster():
 def server(cluster, tmp_path_factory):
     settings = RaySettings(address=cluster[0].address, instance_resources=PLACEMENT,
                            namespace="pdserve-test")
-    with running_server(tmp_path_factory.mktemp("ray"), instances=3, policy="static-pd",
-                        prefill=1, decode=2, kv_blocks=256, ray=settings) as (base, driver):
-        yield base, driver
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(EXIT_TOKEN_ENV, str(FAULT_TOKEN))  # a crash on that token (never output)
+        with running_server(tmp_path_factory.mktemp("ray"), instances=3, policy="static-pd",
+                            prefill=1, decode=2, kv_blocks=256, ray=settings) as (base, driver):
+            yield base, driver
 
 
 def sent_to_peers(driver, instance: int) -> tuple[int, int]:
@@ -147,6 +151,21 @@ def test_a_killed_actor_re_runs_its_requests_and_its_restart_takes_work_again(se
     for client, _, out in streams:
         client.join(BOUND_S)
         assert out["error"] is None and out["text"] == local_greedy(PROMPT, 120)
+
+
+def test_an_actor_that_dies_by_itself_fails_the_request_it_ran_and_restarts(server):
+    """Every actor carries the fault hook: token FAULT_TOKEN in a batch makes the worker
+    exit at once, as a native crash would."""
+    base, driver = server
+    before = driver.workers.pid(0)
+    crash = complete(base, [5, 17, FAULT_TOKEN, 42])
+    assert crash.status_code == 500  # the prefill worker ran it and died: not retried
+    assert f"died with exit code {ACTOR_CRASH_EXIT_CODE}" in crash.json()["error"]["message"]
+    wait_live(driver, 0)
+    assert driver.workers.pid(0) != before
+    assert complete(base, PROMPT).status_code == 200
+    metrics = httpx.get(f"{base}/metrics").text
+    assert 'pdserve_requests_failed_total{reason="worker_crash"} 1' in metrics
 
 
 def test_a_node_that_leaves_takes_its_instance_and_nothing_hangs(server, cluster):

@@ -184,8 +184,8 @@ class ActorProcess:
         error = future.exception()
         self.exitcode = exit_code_of(error, self._killed)
         self.cause = "" if error is None else str(error).strip().splitlines()[-1]
-        if error is not None and self.exitcode == ACTOR_CRASH_EXIT_CODE:
-            self._kill_quietly()  # its loop raised: the actor may still be alive
+        # no Ray calls here (Ray's own thread runs this callback): an actor whose loop
+        # raised is still alive, and whoever reads the sentinel kills it (`kill`)
         self._done.set()
         with contextlib.suppress(OSError):
             os.write(self._wake_fd, b"x")

@@ -15,6 +15,7 @@ so nothing waits forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 from collections.abc import Callable
@@ -22,7 +23,14 @@ from collections.abc import Callable
 import ray
 
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.processes import ExitHandler, ReadyHandler, WorkerProcesses, WorkerSettings
+from pdserve.live.messages import Command
+from pdserve.live.processes import (
+    ExitHandler,
+    ReadyHandler,
+    WorkerProcesses,
+    WorkerSettings,
+    WorkerState,
+)
 from pdserve.live.ray_actor import ACTOR_CONCURRENCY, WorkerHost
 from pdserve.live.ray_channel import ActorChannel, ActorProcess
 from pdserve.live.ray_cluster import RaySession, RaySettings
@@ -72,10 +80,26 @@ class RayWorkers(WorkerProcesses):
         self._processes[instance] = ActorProcess(actor, serve, channel)
         self._pipes[instance] = channel
 
+    def _drain(self, instance: int) -> None:
+        """As for a process, but a broken channel is not the exit: Ray reports the actor's
+        end (the sentinel), with how it ended, which decides the blame."""
+        pipe = self._pipes[instance]
+        try:
+            while pipe.poll():
+                self._on_message(pipe.recv())
+        except (EOFError, OSError):
+            assert self._loop is not None
+            self._loop.remove_reader(pipe.fileno())
+
+    def send(self, instance: int, command: Command) -> None:
+        if self.states[instance] is WorkerState.LIVE and not self._stopping:
+            with contextlib.suppress(OSError):  # a dead actor: the sentinel reports it
+                self._pipes[instance].send(command)
+
     def _exited(self, instance: int) -> None:
         super()._exited(instance)
         process = self._processes[instance]
-        if process is not None and process.is_alive():  # its channel broke: end it
+        if process is not None:  # its loop may have raised with the actor alive: end it
             process.kill()
 
     def node_of(self, instance: int) -> str:
