@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 
@@ -92,6 +93,9 @@ def test_the_kv_stream_reads_aligned_runs_of_a_remote_pool_exactly():
     copies = copy_aligned(remote, target, source_blocks, target_blocks)  # type: ignore[arg-type]
     assert copies == 4  # [3-6]->[10-13], [20]->[14], [21]->[30], [40]->[31]
     assert torch.equal(target.data[target_blocks], source.data[source_blocks])
+    deadline = time.monotonic() + 5  # the server counts a run after its last byte left
+    while server.runs_served < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert server.runs_served == 4 and server.bytes_served == 7 * source.block_bytes
     assert remote.runs_read == 4
     remote.close()

@@ -5,11 +5,12 @@ each start of an instance creates one Ray actor (`ray_actor.WorkerHost`, named a
 pool, with `cpus_per_worker` CPUs and the instance's custom resource if any, else spread
 over the nodes) and starts its `serve` call; its pipe is an `ActorChannel` and its process
 an `ActorProcess` (`ray_channel.py`). So an actor that dies is reported by the supervisor as
-a local worker's exit is (the driver raises `InstanceFailed`, re-runs or fails its requests)
-and is restarted with the same back-off and budget as a new actor (`InstanceRecovered` when
-it is ready). A node that leaves ends its actors' `serve` calls (`-SIGKILL`: from outside);
-their restarts wait for resources at most `start_timeout_s` each, within the restart budget,
-so nothing waits forever.
+a local worker's exit is, once Ray reports its end and how it ended (a broken channel alone
+is not an exit): the driver raises `InstanceFailed` and re-runs or fails its requests, and
+the instance is restarted as a new actor with the same back-off and budget
+(`InstanceRecovered` when it is ready). A node that leaves ends its actors' `serve` calls
+(`-SIGKILL`: from outside); their restarts wait for resources at most `start_timeout_s`
+each, within the restart budget, so nothing waits forever.
 """
 
 from __future__ import annotations
