@@ -6,6 +6,8 @@ tests run in file order, the node's departure last. Skipped without Ray."""
 
 from __future__ import annotations
 
+import random
+import socket
 import threading
 import time
 
@@ -52,8 +54,22 @@ def server(cluster, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(EXIT_TOKEN_ENV, str(FAULT_TOKEN))  # a crash on that token (never output)
         with running_server(tmp_path_factory.mktemp("ray"), instances=3, policy="static-pd",
-                            prefill=1, decode=2, kv_blocks=256, ray=settings) as (base, driver):
+                            prefill=1, decode=2, kv_blocks=256, ray=settings,
+                            port=quiet_port()) as (base, driver):
             yield base, driver
+
+
+def quiet_port() -> int:
+    """A free port outside the kernel's ephemeral range and Ray's worker ports (10002-19999):
+    the server binds it only after its actors started, and they open ports of their own."""
+    for port in random.sample(range(20000, 30000), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-29999")
 
 
 def sent_to_peers(driver, instance: int) -> tuple[int, int]:

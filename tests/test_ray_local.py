@@ -11,6 +11,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from server_helpers import running_server  # noqa: E402
+from test_ray_cluster import quiet_port  # noqa: E402
 from test_server import PROMPT, local_greedy  # noqa: E402
 from test_server_faults import stream_text  # noqa: E402
 
@@ -35,7 +36,7 @@ def listening_addresses(port: int) -> set[str]:
 def test_a_local_ray_instance_on_loopback_serves_and_stops_with_the_server(tmp_path):
     assert not ray.is_initialized()
     with running_server(tmp_path, instances=2, policy="static-pd", prefill=1, decode=1,
-                        kv_blocks=128, ray=RaySettings()) as (base, driver):
+                        kv_blocks=128, ray=RaySettings(), port=quiet_port()) as (base, driver):
         assert ray.is_initialized() and driver.workers.session.owned
         assert {node["NodeManagerAddress"] for node in ray.nodes()} == {LOOPBACK}
         assert ray.cluster_resources()["CPU"] == 2  # explicit: one per worker
