@@ -20,7 +20,7 @@ def running_server(tmp_dir: Path, **options) -> Iterator[tuple[str, object]]:
     options.setdefault("model", "tiny")
     perf_file = tmp_dir / "perf.json"
     make_perf(kv_capacity_tokens=options.get("kv_blocks", 512) * 16).save(perf_file)
-    config = ServeConfig(port=free_port(), perf_model=str(perf_file),
+    config = ServeConfig(port=options.pop("port", 0) or free_port(), perf_model=str(perf_file),
                          kv_blocks=options.pop("kv_blocks", 512), **options)
     app = build_app(config)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from pdserve.engine.allocator import SegmentAllocator
+from pdserve.engine.device import EngineDevice, place
 from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.engine.kv_pool import PagedKVPool
-from pdserve.engine.model import CausalLM, ForwardBatch
+from pdserve.engine.model import CausalLM, ForwardBatch, on_device
 from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
 from pdserve.engine.session_kv import HistoryRef, SessionKVStore
 from pdserve.engine.text_stream import TextStream
@@ -73,12 +74,18 @@ class TokenOutput:
 
 class Engine:
     def __init__(self, model: CausalLM, tokenizer: TextTokenizer | None, num_blocks: int,
-                 shared_name: str | None = None, hidden_state_every_tokens: int = 0) -> None:
+                 shared_name: str | None = None, device: EngineDevice | None = None,
+                 hidden_state_every_tokens: int = 0) -> None:
+        """`device`: where weights and KV live and their dtype (`engine/device.py`;
+        default the CPU in float32)."""
         config = model.config
-        self.model = model
+        self.where = device or EngineDevice()
+        self.model = place(model, self.where)
         self.tokenizer = tokenizer
         self.pool = PagedKVPool(num_blocks, config.num_layers, config.num_kv_heads,
-                                config.head_dim, shared_name=shared_name)
+                                config.head_dim, shared_name=shared_name,
+                                dtype=self.where.torch_dtype, device=self.where.torch_device,
+                                staged=self.where.kv_staging)
         self.allocator = SegmentAllocator(num_blocks)
         self.sequences: dict[int, Sequence] = {}
         self.prefix_ids: CachedBlockIds | None = None  # `enable_prefix_cache`
@@ -247,7 +254,10 @@ class Engine:
         prompt_rows = self._prompt_logprob_rows(work)
         if prompt_rows:
             batch.extra_rows = torch.tensor([row for _, row, _ in prompt_rows])
+        if not self.where.on_cpu:
+            batch = on_device(batch, self.where.torch_device)
         logits, hidden = self.model(batch, self.pool)
+        logits, hidden = logits.float().cpu(), hidden.float().cpu()  # sampled on the host
         if prompt_rows:
             self._record_prompt_logprobs(prompt_rows, logits[len(work):])
         done = []
@@ -337,6 +347,7 @@ class Engine:
     # ---- hand-off between instances ----
     def export(self, request_id: int) -> KVHandoff:
         sequence = self.sequences[request_id]
+        self.pool.stage(sequence.blocks[:blocks_for(sequence.computed_tokens)])  # a GPU's
         return KVHandoff(request_id, tuple(sequence.token_ids), sequence.prompt_tokens,
                          sequence.computed_tokens, sequence.params,
                          tuple(sequence.blocks[:blocks_for(sequence.computed_tokens)]),

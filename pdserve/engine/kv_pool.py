@@ -3,6 +3,11 @@
 K and V contiguously and a run of consecutive blocks is one contiguous byte range (one copy
 moves it). The tensor can live in named shared memory, set up once, so that another process
 on the host maps it and copies blocks out without pickling anything.
+
+A pool on a GPU (`device`) keeps its blocks there, in the engine's dtype; named, it also
+has a host mirror in shared memory (`mirror`): a sender copies a sequence's blocks into it
+(`stage`) before handing them off, and peers read them there (`host_run`), so the
+hand-off path between processes is the same for every device (host staging).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import torch
 
+from pdserve.instance.segments import runs
 from pdserve.types import KV_BLOCK_TOKENS
 
 
@@ -32,25 +38,39 @@ def _attach_untracked(name: str) -> shared_memory.SharedMemory:
 class PagedKVPool:
     def __init__(self, num_blocks: int, num_layers: int, kv_heads: int, head_dim: int,
                  block_size: int = KV_BLOCK_TOKENS, shared_name: str | None = None,
-                 attach: bool = False) -> None:
+                 attach: bool = False, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", staged: bool = False) -> None:
+        """`staged`: keep the blocks private and share a host mirror (always so on a GPU;
+        on the CPU, to exercise the GPU's hand-off path)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.shape = (num_blocks, num_layers, 2, block_size, kv_heads, head_dim)
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.dtype = dtype
         numel = num_blocks * num_layers * 2 * block_size * kv_heads * head_dim
         self._shm: shared_memory.SharedMemory | None = None
         self._owner = False
-        if shared_name is None:
-            self.data = torch.zeros(self.shape, dtype=torch.float32)
-            return
+        self.mirror: torch.Tensor | None = None  # host copy peers read (a GPU pool's)
+        on_host = torch.device(device).type == "cpu"
+        staged = staged or not on_host
+        if shared_name is None or staged:
+            self.data = torch.zeros(self.shape, dtype=dtype, device=device)
+            if shared_name is None:
+                return
         if attach:
+            if not on_host:
+                raise ValueError(f"a peer's pool is mapped on the host, not on {device}")
             self._shm = _attach_untracked(shared_name)
         else:
-            self._shm = shared_memory.SharedMemory(name=shared_name, create=True, size=numel * 4)
+            size = numel * torch.empty((), dtype=dtype).element_size()
+            self._shm = shared_memory.SharedMemory(name=shared_name, create=True, size=size)
             self._owner = True
-        self.data = torch.frombuffer(self._shm.buf, dtype=torch.float32,
-                                     count=numel).view(self.shape)
+        host = torch.frombuffer(self._shm.buf, dtype=dtype, count=numel).view(self.shape)
+        if staged:
+            self.mirror = host
+        else:
+            self.data = host
 
     @property
     def shared_name(self) -> str | None:
@@ -58,7 +78,19 @@ class PagedKVPool:
 
     @property
     def block_bytes(self) -> int:
-        return self.data[0].numel() * 4
+        return self.data[0].numel() * self.data.element_size()
+
+    def stage(self, blocks: list[int] | tuple[int, ...]) -> None:
+        """Copy blocks into the host mirror, where peers read them (nothing to do when the
+        pool itself is in shared memory)."""
+        if self.mirror is not None:
+            for start, count in runs(list(blocks)):
+                self.mirror[start:start + count].copy_(self.data[start:start + count])
+
+    def host_run(self, start: int, count: int) -> torch.Tensor:
+        """Blocks [start, start + count) on the host: the pool's own, or its mirror's."""
+        source = self.mirror if self.mirror is not None else self.data
+        return source[start:start + count]
 
     def write(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, keys: torch.Tensor,
               values: torch.Tensor) -> None:
@@ -92,6 +124,7 @@ class PagedKVPool:
         if self._shm is None:
             return
         del self.data
+        self.mirror = None
         self._shm.close()
         if self._owner:
             self._shm.unlink()

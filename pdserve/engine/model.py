@@ -43,6 +43,19 @@ class ForwardBatch:
     extra_rows: torch.Tensor | None = None  # packed rows whose logits are also wanted
 
 
+def on_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
+    """The batch's index tensors on the model's device (built on the host)."""
+    def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to(device, non_blocking=True)
+
+    return ForwardBatch(
+        move(batch.token_ids), move(batch.positions), batch.new_tokens,  # type: ignore[arg-type]
+        batch.context_tokens, [move(t) for t in batch.block_tables],  # type: ignore[misc]
+        move(batch.slot_blocks), move(batch.slot_offsets),  # type: ignore[arg-type]
+        batch.num_decodes, move(batch.decode_tables), move(batch.decode_context),
+        move(batch.extra_rows))
+
+
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64)
@@ -76,8 +89,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype  # reduced precision: normalise in float32, as transformers does
+        x = x.float()
         variance = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(variance + self.eps))
+        return self.weight * (x * torch.rsqrt(variance + self.eps)).to(dtype)
 
 
 class Attention(nn.Module):
@@ -119,8 +134,8 @@ class Attention(nn.Module):
                 out = F.scaled_dot_product_attention(query, keys, values, is_causal=True,
                                                      enable_gqa=True)
             else:  # causal, offset by the prior context
-                query_pos = torch.arange(context - new, context).unsqueeze(1)
-                mask = torch.arange(context).unsqueeze(0) <= query_pos
+                query_pos = torch.arange(context - new, context, device=q.device).unsqueeze(1)
+                mask = torch.arange(context, device=q.device).unsqueeze(0) <= query_pos
                 out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask,
                                                      enable_gqa=True)
             outputs.append(out[0].transpose(0, 1).reshape(new, self.heads * self.head_dim))
@@ -138,7 +153,8 @@ class Attention(nn.Module):
         keys = keys.view(decodes, -1, self.kv_heads, self.head_dim)
         values = values.view(decodes, -1, self.kv_heads, self.head_dim)
         width = keys.shape[1]
-        mask = torch.arange(width).unsqueeze(0) < batch.decode_context.unsqueeze(1)
+        mask = torch.arange(width, device=q.device).unsqueeze(0) < \
+            batch.decode_context.unsqueeze(1)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=mask[:, None, None, :], enable_gqa=True)  # [d, heads, 1, dim]
@@ -194,11 +210,11 @@ class CausalLM(nn.Module):
         """(logits, hidden) at each sequence's last position, then at `extra_rows`."""
         freqs = batch.positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
         angles = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
-        cos, sin = angles.cos(), angles.sin()
         x = self.model.embed_tokens(batch.token_ids)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, batch, pool)
-        rows = torch.tensor(batch.new_tokens).cumsum(0) - 1
+        rows = torch.tensor(batch.new_tokens, device=x.device).cumsum(0) - 1
         if batch.extra_rows is not None:
             rows = torch.cat((rows, batch.extra_rows))
         hidden = self.model.norm(x[rows])

@@ -17,6 +17,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+import torch
+
 from pdserve.engine.allocator import align, runs
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.sampling import SamplingParams
@@ -39,10 +41,11 @@ class KVHandoff:
 
 
 def attach_pool(name: str, like: PagedKVPool) -> PagedKVPool:
-    """Map another process's shared pool of the same shape."""
+    """Map another process's shared pool (or a GPU pool's host mirror) of the same shape
+    and dtype, on the host."""
     blocks, layers, _, block_size, kv_heads, head_dim = like.shape
     return PagedKVPool(blocks, layers, kv_heads, head_dim, block_size, shared_name=name,
-                       attach=True)
+                       attach=True, dtype=like.dtype)
 
 
 def copy_aligned(source: PagedKVPool, target: PagedKVPool, source_blocks: list[int],
@@ -63,7 +66,7 @@ def copy_per_block(source: PagedKVPool, target: PagedKVPool, source_blocks: list
 
 
 def _bytes_of(pool: PagedKVPool, start: int, count: int) -> memoryview:
-    return memoryview(pool.run(start, count).numpy()).cast("B")
+    return memoryview(pool.host_run(start, count).view(torch.uint8).numpy()).cast("B")
 
 
 def send_blocks(sock: socket.socket, pool: PagedKVPool, blocks: list[int]) -> int:

@@ -71,6 +71,7 @@ from pdserve.live.messages import (
 )
 from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
+from pdserve.live.ray_cluster import RaySettings
 from pdserve.live.requests import LiveRequest, Overloaded
 from pdserve.live.sessions import HistoryReads, LiveSessions
 from pdserve.live.timeline import RequestTimeline
@@ -85,7 +86,9 @@ log = logging.getLogger("pdserve.live")
 class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float = 0.5,
-                 max_outstanding: int = 256) -> None:
+                 max_outstanding: int = 256, ray: RaySettings | None = None) -> None:
+        """`ray`: host the workers in Ray actors (`live/ray_workers.py`) instead of local
+        processes; nothing else changes."""
         self.scheduler = GlobalScheduler(policy, num_instances)
         self.tokenizer = tokenizer
         self.monitor_interval_s = monitor_interval_s
@@ -102,7 +105,12 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         self.history = HistoryReads(self)  # remote prefills reading a session's history
         # instance -> its engine's (prefill tokens computed, tokens reused from history)
         self.engine_counters: dict[int, tuple[int, int]] = {}
-        self.workers = WorkerProcesses(workers, num_instances)
+        if ray is None:
+            self.workers = WorkerProcesses(workers, num_instances)
+        else:  # imported only here: Ray is an optional extra
+            from pdserve.live.ray_workers import RayWorkers
+
+            self.workers = RayWorkers(workers, num_instances, ray)
         self._starting: set[int] = set()  # workers started on request, not yet ready
         self.timeline = RequestTimeline.from_env()  # fidelity runs only
         self._batch_end_s = 0.0  # of the StepDone whose tokens are being handled

@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
+from pdserve.engine.device import EngineDevice
 from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.instance.stats import InstanceStats
@@ -49,6 +50,7 @@ class WorkerSettings:
     queue_order: Callable[[], QueueOrder] = FCFSOrder  # the policy's (`Policy.queue_order`)
     perf: PerfModel | None = None  # for orders that read prefill estimates (AMPD's Alg. 2)
     decode_forecast: ForecastSettings | None = None  # the policy's (ARES); None: none kept
+    device: EngineDevice | None = None  # the engine's device and dtype (None: CPU float32)
     start_timeout_s: float = 120.0
     max_restarts: int = 5  # per worker within restart_window_s; 0 disables restarts
     restart_window_s: float = 600.0
@@ -118,7 +120,7 @@ class WorkerProcesses:
             target=worker_main, name=f"pdserve-worker-{instance}", daemon=True,
             args=(instance, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens,
                   s.max_batch_size, child, s.phase_priority, s.prefix_block_tokens,
-                  dict(os.environ), s.queue_order, s.perf, s.decode_forecast))
+                  dict(os.environ), s.queue_order, s.perf, s.decode_forecast, s.device))
         process.start()
         child.close()
         self._processes[instance], self._pipes[instance] = process, parent

@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from pdserve.engine.device import EngineDevice, limit_memory
 from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
@@ -89,17 +90,23 @@ class Worker:
                  phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
                  queue_order: Callable[[], QueueOrder] = FCFSOrder,
                  perf: PerfModel | None = None,
-                 decode_forecast: ForecastSettings | None = None) -> None:
+                 decode_forecast: ForecastSettings | None = None, pool_name: str = "",
+                 device: EngineDevice | None = None) -> None:
         """`queue_order`: the policy's prefill queue order; one that reads the time and
         prefill estimates (AMPD's Alg. 2) gets `time.monotonic` and `perf`.
         `decode_forecast`: keep ARES's decode-load forecast and report it with the stats
-        (`live/worker_forecast.py`)."""
+        (`live/worker_forecast.py`). `pool_name`: the KV pool's shared-memory name (default:
+        from the PID and instance); `device`: the engine's device and dtype (default the
+        CPU, float32)."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.connection = connection
         model, tokenizer = load_model(model_name, seed)
+        if device is not None:
+            limit_memory(device)  # this worker's share of a GPU
         self.engine = Engine(model, tokenizer, num_blocks,
-                             shared_name=f"pdserve-{os.getpid()}-{instance_id}")
+                             shared_name=pool_name or f"pdserve-{os.getpid()}-{instance_id}",
+                             device=device)
         install_from_env(self.engine)
         release_freed_memory()  # what resolving the model parsed and dropped
         self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size,
@@ -340,7 +347,8 @@ def worker_main(instance_id: int, model_name: str, seed: int, num_blocks: int,
                 environment: dict[str, str] | None = None,
                 queue_order: Callable[[], QueueOrder] = FCFSOrder,
                 perf: PerfModel | None = None,
-                decode_forecast: ForecastSettings | None = None) -> None:
+                decode_forecast: ForecastSettings | None = None,
+                device: EngineDevice | None = None) -> None:
     """Entry point of a worker process; `environment`: the starting process's, to use
     instead of the fork server's."""
     if environment is not None:
@@ -348,4 +356,4 @@ def worker_main(instance_id: int, model_name: str, seed: int, num_blocks: int,
         os.environ.update(environment)
     Worker(instance_id, model_name, seed, num_blocks, chunk_size_tokens, max_batch_size,
            connection, phase_priority, prefix_block_tokens, queue_order, perf,
-           decode_forecast).serve()
+           decode_forecast, device=device).serve()

@@ -40,6 +40,8 @@ class WorkerSessions:
         history = self.engine.sessions.export(session_id, self.engine.pool.shared_name)
         if history is not None and not self.local.sessions.lock(session_id):
             return None  # the two disagree: do not let it be read
+        if history is not None:
+            self.engine.pool.stage(history.blocks)  # a GPU pool's host mirror
         return history
 
     def unlock(self, session_id: int) -> None:

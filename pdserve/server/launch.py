@@ -14,10 +14,12 @@ from fastapi import FastAPI
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.checkpoint import resolve_model
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.device import resolve_device
 from pdserve.engine.loader import prepare_weights
 from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
+from pdserve.live.ray_cluster import RaySettings
 from pdserve.live.worker_forecast import check_live_predictor
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.ares.settings import AresSettings
@@ -58,6 +60,9 @@ class ServeConfig:
     flowkv: FlowKVSettings = field(default_factory=FlowKVSettings)  # --policy flowkv
     rebalancer: str = ""  # "" keeps the policy's; ares | reschedule-current | none
     ares_predictor: str = "history"  # history | noisy:mae=N | hidden-state:PATH (no oracle)
+    ray: RaySettings | None = None  # --ray: workers in Ray actors (live/ray_workers.py)
+    device: str = "auto"  # the engines': auto (CUDA when present), cpu, cuda, cuda:N
+    dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
 
     def __post_init__(self) -> None:
         for name in ("instances", "prefill", "decode", "kv_cache_mib", "chunk_size_tokens",
@@ -142,11 +147,16 @@ def build_app(config: ServeConfig) -> FastAPI:
         taichi=config.taichi, rebalancer=config.rebalancer,
         ares=AresSettings(forecast=ForecastSettings(predictor=config.ares_predictor,
                                                     seed=config.seed))))
+    sharing = count if config.ray is None else max(1, round(1 / (config.ray.gpus_per_worker
+                                                                 or 1)))  # workers per GPU
+    where = resolve_device(config.device, config.dtype, workers_per_gpu=sharing)
+    log.info("engines on %s in %s%s", where.device, where.dtype,
+             f", {where.memory_fraction:.0%} of the GPU each" if where.memory_fraction else "")
     driver = LiveDriver(policy, count, served.require_tokenizer(), WorkerSettings(
         config.model, config.seed, kv_blocks, config.chunk_size_tokens,
         config.max_batch_size, policy.phase_priority.value, config.prefix_block_tokens,
-        queue_order=policy.queue_order, perf=perf, decode_forecast=policy.decode_forecast),
-        config.monitor_interval_s, config.max_outstanding)
+        queue_order=policy.queue_order, perf=perf, decode_forecast=policy.decode_forecast,
+        device=where), config.monitor_interval_s, config.max_outstanding, config.ray)
     return create_app(driver, ServerSettings(
         config.served_model_name or served.name, context, served.config.vocab_size,
         config.api_key or None, config.max_body_bytes, template,

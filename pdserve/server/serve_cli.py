@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from pdserve.live.ray_cluster import KV_TRANSPORTS, RaySettings
 from pdserve.policies.presets import PRESETS
 from pdserve.policies.taichi.settings import add_taichi_arguments, settings_from_fields
 
@@ -54,6 +55,21 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tpot-slo", type=float, default=0.2, help="seconds [0.2]")
     p.add_argument("--perf-model", default="", help="a `pdserve profile` file (default: a "
                    "quick profile at start)")
+    p.add_argument("--device", default="auto", help="the engines' device: auto (CUDA when "
+                   "torch sees a GPU), cpu, cuda, cuda:N; workers on one GPU share its memory "
+                   "[auto]")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16",
+                                                       "bfloat16"],
+                   help="weights and KV: auto is bfloat16 on a GPU, float32 on the CPU [auto]")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="host the workers in Ray actors: on the cluster at ADDRESS, or "
+                   "without one on a local Ray instance on 127.0.0.1 (pip install "
+                   "'pdserve[ray]')")
+    p.add_argument("--ray-kv-transport", choices=KV_TRANSPORTS, default="tcp",
+                   help="KV hand-off between nodes [tcp]")
+    p.add_argument("--ray-cpus-per-worker", type=float, default=1.0, help="[1]")
+    p.add_argument("--ray-gpus-per-worker", type=float, default=1.0,
+                   help="with a GPU device [1]")
     add_taichi_arguments(p)
     p.add_argument("--rebalancer", default="", choices=["", "ares", "reschedule-current",
                                                         "none"],
@@ -85,7 +101,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         chat_template=args.chat_template, max_body_bytes=args.max_body_bytes,
         prefix_block_tokens=args.prefix_block_tokens,
         taichi=settings_from_fields(args), rebalancer=args.rebalancer,
-        ares_predictor=args.ares_predictor)
+        ares_predictor=args.ares_predictor, device=args.device, dtype=args.dtype,
+        ray=None if args.ray is None else RaySettings(
+            args.ray, cpus_per_worker=args.ray_cpus_per_worker,
+            gpus_per_worker=args.ray_gpus_per_worker,
+            kv_transport=args.ray_kv_transport))
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pdserve").setLevel(args.log_level.upper())
     # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)

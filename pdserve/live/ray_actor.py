@@ -1,0 +1,108 @@
+"""One instance's worker loop hosted in a Ray actor.
+
+`WorkerHost.serve` builds the same `Worker` a local process runs (model, engine, local
+scheduler), starts a `KVServer` over its pool, connects back to the driver
+(`ray_channel.ActorChannel`), says hello and runs `Worker.serve`: the worker loop is
+unchanged. The actor allows a few concurrent calls, so while `serve` runs its peers can ask
+where its KV is (`kv_endpoint`) and read runs of it through the object store (`read_run`).
+
+`RayHostedWorker` differs from `Worker` in one place, how it reaches a sender's pool
+(`_peer`): the pool is named after the sender's actor; on the same node it is mapped from
+shared memory as before, on another node it is read through the configured transport
+(`ray_kv`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from multiprocessing.connection import Client
+from typing import Any
+
+import numpy as np
+import ray
+
+from pdserve.engine.kv_pool import PagedKVPool
+from pdserve.engine.transfer import attach_pool
+from pdserve.live.processes import WorkerSettings
+from pdserve.live.ray_channel import ActorHello
+from pdserve.live.ray_kv import READ_TIMEOUT_S, KVServer, object_store_pool, read_run, tcp_pool
+from pdserve.live.worker import Worker
+
+ACTOR_CONCURRENCY = 4  # serve + peers' endpoint and object-store reads
+
+
+class RayHostedWorker(Worker):
+    def __init__(self, *args: Any, namespace: str, kv_transport: str, authkey: bytes,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.authkey = authkey  # the server's: its workers' KV servers ask peers for it
+        self.namespace = namespace
+        self.kv_transport = kv_transport
+        self.node_id = ray.get_runtime_context().get_node_id()
+
+    def _peer(self, pool_name: str) -> PagedKVPool:
+        if pool_name not in self.peers:
+            sender = ray.get_actor(pool_name, namespace=self.namespace)
+            node_id, host, port = ray.get(sender.kv_endpoint.remote(), timeout=READ_TIMEOUT_S)
+            like = self.engine.pool
+            if node_id == self.node_id:
+                self.peers[pool_name] = attach_pool(pool_name, like)
+            elif self.kv_transport == "tcp":
+                self.peers[pool_name] = tcp_pool((host, port), like, self.authkey)  # type: ignore[assignment]
+            else:
+                self.peers[pool_name] = object_store_pool(sender, like)  # type: ignore[assignment]
+        return self.peers[pool_name]
+
+
+class WorkerHost:
+    """The actor class (`ray.remote(WorkerHost)` with the instance's resources)."""
+
+    def __init__(self, instance: int, settings: WorkerSettings, pool_name: str,
+                 namespace: str, kv_transport: str, environment: dict[str, str]) -> None:
+        os.environ.update(environment)
+        self.instance = instance
+        self.settings = settings
+        self.pool_name = pool_name
+        self.namespace = namespace
+        self.kv_transport = kv_transport
+        self.worker: RayHostedWorker | None = None
+        self.kv: KVServer | None = None
+        self._ready = threading.Event()
+
+    def serve(self, address: tuple[str, int], authkey: bytes) -> None:
+        s = self.settings
+        self.worker = RayHostedWorker(
+            self.instance, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens,
+            s.max_batch_size, None, s.phase_priority,  # type: ignore[arg-type]
+            s.prefix_block_tokens, s.queue_order, s.perf, s.decode_forecast,
+            pool_name=self.pool_name,
+            device=s.device,
+            namespace=self.namespace, kv_transport=self.kv_transport, authkey=authkey)
+        node_ip = ray.util.get_node_ip_address()
+        self.kv = KVServer(self.worker.engine.pool, node_ip, authkey)
+        self._ready.set()
+        connection = Client(address, authkey=authkey)
+        connection.send(ActorHello(os.getpid(), self.worker.node_id, node_ip))
+        self.worker.connection = connection
+        try:
+            self.worker.serve()
+        finally:
+            self.kv.close()
+
+    def kv_endpoint(self) -> tuple[str, str, int]:
+        """(node id, host, port) of this worker's KV server, once its pool exists."""
+        if not self._ready.wait(READ_TIMEOUT_S):
+            raise RuntimeError(f"instance {self.instance}'s pool is not ready")
+        assert self.worker is not None and self.kv is not None
+        return (self.worker.node_id, *self.kv.address)
+
+    def read_run(self, start: int, count: int) -> np.ndarray:
+        assert self.worker is not None and self.kv is not None
+        run = read_run(self.worker.engine.pool, start, count)
+        self.kv.count(count)
+        return run
+
+    def kv_served(self) -> tuple[int, int]:
+        """(runs, bytes) this worker sent to peers on other nodes (either transport)."""
+        return (self.kv.runs_served, self.kv.bytes_served) if self.kv is not None else (0, 0)
