@@ -78,7 +78,7 @@ def send_blocks(sock: socket.socket, pool: PagedKVPool, blocks: list[int]) -> in
 
 
 def recv_blocks(sock: socket.socket, pool: PagedKVPool, blocks: list[int]) -> int:
-    header = _recv_exact(sock, _HEADER.size)
+    header = recv_exact(sock, _HEADER.size)
     count, block_bytes = _HEADER.unpack(header)
     if count != len(blocks) or block_bytes != pool.block_bytes:
         raise ValueError(f"KV stream of {count} blocks of {block_bytes} bytes does not match "
@@ -95,7 +95,8 @@ def recv_blocks(sock: socket.socket, pool: PagedKVPool, blocks: list[int]) -> in
     return len(target_runs)
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly `size` bytes from `sock`; ConnectionError if the peer closes first."""
     data = b""
     while len(data) < size:
         chunk = sock.recv(size - len(data))

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from pdserve.engine.kv_pool import PagedKVPool
-from pdserve.engine.transfer import recv_blocks, send_blocks
+from pdserve.engine.transfer import recv_blocks, recv_exact, send_blocks
 from pdserve.live.ray_channel import authenticate, receive_timeout
 
 _REQUEST = struct.Struct("!II")  # first block, number of blocks
@@ -72,7 +72,7 @@ class KVServer:
                 return
             while True:
                 try:
-                    header = _recv_exact(peer, _REQUEST.size)
+                    header = recv_exact(peer, _REQUEST.size)
                 except (ConnectionError, OSError):
                     return
                 start, count = _REQUEST.unpack(header)
@@ -177,13 +177,3 @@ def read_run(pool: PagedKVPool, start: int, count: int) -> np.ndarray:
         raise ValueError(f"blocks [{start}, {start + count}) are outside the pool of "
                          f"{pool.num_blocks} blocks")
     return pool.host_run(start, count).view(torch.uint8).numpy()  # any dtype: its bytes
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("peer closed the KV connection")
-        data += chunk
-    return data
