@@ -30,14 +30,15 @@ import torch
 
 from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.device import EngineDevice, place
+from pdserve.engine.handoff import EngineHandoffs
 from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch, on_device
+from pdserve.engine.prompt_logprobs import prompt_logprob_rows, record_prompt_logprobs
 from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
-from pdserve.engine.session_kv import HistoryRef, SessionKVStore
+from pdserve.engine.session_kv import SessionKVStore
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
-from pdserve.engine.transfer import KVHandoff, copy_aligned
 from pdserve.instance.local_scheduler import BatchPlan
 from pdserve.instance.prefix_cache import CachedBlockIds
 from pdserve.types import Request, blocks_for
@@ -72,7 +73,7 @@ class TokenOutput:
     logprob: TokenLogprob | None = None  # when the sequence asks for logprobs
 
 
-class Engine:
+class Engine(EngineHandoffs):
     def __init__(self, model: CausalLM, tokenizer: TextTokenizer | None, num_blocks: int,
                  shared_name: str | None = None, device: EngineDevice | None = None,
                  hidden_state_every_tokens: int = 0) -> None:
@@ -251,7 +252,7 @@ class Engine:
             batch.num_decodes = len(decodes)
             batch.decode_tables = padded
             batch.decode_context = torch.tensor(contexts[:len(decodes)])
-        prompt_rows = self._prompt_logprob_rows(work)
+        prompt_rows = prompt_logprob_rows(work)
         if prompt_rows:
             batch.extra_rows = torch.tensor([row for _, row, _ in prompt_rows])
         if not self.where.on_cpu:
@@ -259,7 +260,7 @@ class Engine:
         logits, hidden = self.model(batch, self.pool)
         logits, hidden = logits.float().cpu(), hidden.float().cpu()  # sampled on the host
         if prompt_rows:
-            self._record_prompt_logprobs(prompt_rows, logits[len(work):])
+            record_prompt_logprobs(prompt_rows, logits[len(work):])
         done = []
         for index, (sequence, count) in enumerate(work):
             sequence.computed_tokens += count
@@ -295,31 +296,6 @@ class Engine:
         (`hidden_capture.py`); empty when capture is off."""
         return self.hidden_capture.take()
 
-    @staticmethod
-    def _prompt_logprob_rows(work: list[tuple[Sequence, int]]
-                             ) -> list[tuple[Sequence, int, int]]:
-        """(sequence, packed row, prompt token it predicts) for each position whose prompt
-        logprobs are wanted and not yet known."""
-        wanted, offset = [], 0
-        for sequence, count in work:
-            start, known = sequence.computed_tokens, len(sequence.prompt_logprobs)
-            if sequence.params.prompt_logprobs is not None and known < sequence.prompt_tokens:
-                first = max(start, known - 1)
-                for position in range(first, min(start + count, sequence.prompt_tokens - 1)):
-                    wanted.append((sequence, offset + position - start, position + 1))
-            offset += count
-        return wanted
-
-    @staticmethod
-    def _record_prompt_logprobs(wanted: list[tuple[Sequence, int, int]],
-                                logits: torch.Tensor) -> None:
-        computed = token_logprobs(
-            logits, [sequence.token_ids[target] for sequence, _, target in wanted],
-            [sequence.params.prompt_logprobs or 0 for sequence, _, _ in wanted])
-        for (sequence, _, target), logprob in zip(wanted, computed, strict=True):
-            if len(sequence.prompt_logprobs) == target:
-                sequence.prompt_logprobs.append(logprob)
-
     def _eos_token_ids(self) -> tuple[int, ...]:
         return tuple(self.model.config.eos_token_ids or (
             self.tokenizer.eos_token_ids if self.tokenizer else ()))
@@ -343,52 +319,3 @@ class Engine:
         if sequence.stream is not None:
             return sequence.stream.text
         return self.tokenizer.decode(sequence.generated) if self.tokenizer else ""
-
-    # ---- hand-off between instances ----
-    def export(self, request_id: int) -> KVHandoff:
-        sequence = self.sequences[request_id]
-        self.pool.stage(sequence.blocks[:blocks_for(sequence.computed_tokens)])  # a GPU's
-        return KVHandoff(request_id, tuple(sequence.token_ids), sequence.prompt_tokens,
-                         sequence.computed_tokens, sequence.params,
-                         tuple(sequence.blocks[:blocks_for(sequence.computed_tokens)]),
-                         self.pool.shared_name)
-
-    def adopt(self, handoff: KVHandoff) -> list[int]:
-        """Create the sequence of a hand-off with blocks for its KV (not yet filled);
-        returns those blocks, in order, for the copy."""
-        prompt = handoff.token_ids[:handoff.prompt_tokens]
-        self.add(handoff.request_id, list(prompt), handoff.params,
-                 handoff.token_ids[handoff.prompt_tokens:])
-        sequence = self.sequences[handoff.request_id]
-        self._grow(sequence, handoff.computed_tokens)
-        sequence.computed_tokens = handoff.computed_tokens
-        return sequence.blocks
-
-    def import_history(self, ref: HistoryRef, source: PagedKVPool) -> int:
-        """Copy a session's history from another worker's pool and keep it here, so the
-        session's request prefilled here next computes only its new tokens; returns the
-        copy operations."""
-        blocks = self.allocator.allocate(len(ref.blocks))
-        copies = copy_aligned(source, self.pool, list(ref.blocks), blocks)
-        self.sessions.adopt(ref, blocks)
-        return copies
-
-    def import_from(self, handoff: KVHandoff, source: PagedKVPool,
-                    session_id: int = -1) -> int:
-        """Adopt a sequence and copy its KV from a mapped source pool; returns copies.
-        With a session whose history is kept here, the history's blocks are taken over and
-        only the blocks from the first new token on are copied."""
-        if session_id < 0 or session_id not in self.sessions:
-            blocks = self.adopt(handoff)
-            return copy_aligned(source, self.pool, list(handoff.blocks), blocks)
-        prompt = handoff.token_ids[:handoff.prompt_tokens]
-        self.add(handoff.request_id, list(prompt), handoff.params,
-                 handoff.token_ids[handoff.prompt_tokens:])
-        sequence = self.sequences[handoff.request_id]
-        tokens, sequence.blocks = self._reuse_history(session_id, handoff.token_ids,
-                                                      handoff.computed_tokens)
-        self._grow(sequence, handoff.computed_tokens)
-        sequence.computed_tokens = handoff.computed_tokens
-        first = tokens // self.pool.block_size  # a partial block is copied whole
-        return copy_aligned(source, self.pool, list(handoff.blocks)[first:],
-                            sequence.blocks[first:])
