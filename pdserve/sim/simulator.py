@@ -58,14 +58,14 @@ from pdserve.sim.kv_movement import TRANSFER_DONE, KVMovement
 from pdserve.sim.lifecycle import INSTANCE_STARTED, InstanceLifecycle
 from pdserve.sim.links import LinkSimulator
 from pdserve.sim.records import LoadSample, RoleChange, SimResult, SimSettings
+from pdserve.sim.session_driving import ARRIVAL, SessionRoundsDriving
 from pdserve.sim.sessions import (
-    HistoryRead,
     SessionKV,
     SessionRounds,
 )
 from pdserve.types import KV_BLOCK_TOKENS, Request, record_decode_tokens
 
-_BATCH_DONE, _TRANSFER_DONE, _TICK, _ARRIVAL = 0, TRANSFER_DONE, 2, 3
+_BATCH_DONE, _TRANSFER_DONE, _TICK, _ARRIVAL = 0, TRANSFER_DONE, 2, ARRIVAL
 
 
 STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
@@ -75,7 +75,7 @@ def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
     return len(heap) == 1 and heap[0][2] == _TICK
 
 
-class Simulator(KVMovement, InstanceLifecycle):
+class Simulator(KVMovement, InstanceLifecycle, SessionRoundsDriving):
     """`perf` is one performance model for every instance or one per instance; `topology`
     places the instances and names their links (default: all on one node, each on its own
     model's GPU link)."""
@@ -172,28 +172,6 @@ class Simulator(KVMovement, InstanceLifecycle):
             self._session_kv.on_arrival(request)
         self._apply(self.scheduler.handle(Arrival(request), self.view))
 
-    def _next_round(self, request: Request) -> None:
-        after = self._rounds.follow_up(request, self.view.now_s)
-        if after is not None:
-            self._push(after.arrival_s, _ARRIVAL, after)
-
-    def _start_history_reads(self, instance: SimInstance) -> None:
-        now, target = self.view.now_s, instance.local.instance_id
-        for request in instance.local.history_reads_due():
-            num_bytes = (request.cached_prefix_tokens
-                         * self.perfs[request.home_instance].kv_bytes_per_token)
-            self._rounds.stats.history_read_bytes += num_bytes
-            self.links.start(HistoryRead(request, target), now, request.home_instance,
-                             target, num_bytes, self.settings.transfer_calls)
-            self._transfer_start_s[request.request_id] = now
-            self._schedule_links()
-
-    def _on_history_read(self, read: HistoryRead) -> None:
-        request = read.request
-        request.transfer_s += self.view.now_s - self._transfer_start_s.pop(request.request_id)
-        instance = self.instances[read.instance_id]
-        self._touch(instance)
-        instance.local.history_read_done(request)
 
     # ---- actions ----
     def _apply(self, actions: list[Action]) -> None:
