@@ -130,3 +130,16 @@ def test_the_start_up_profile_is_measured_once_per_machine_and_model(tmp_path, m
     assert origin.startswith("cached") and again == first and len(calls) == 1
     _, origin = profile_cache.start_up_profile("tiny", "tiny", 128)  # another pool: measure
     assert origin.startswith("measured") and len(calls) == 2
+
+
+def test_auto_kv_blocks_fill_the_cache_memory_in_the_engines_dtype():
+    """--kv-cache-mib holds twice the blocks of bfloat16 KV as of float32 KV."""
+    from pdserve.engine.checkpoint import resolve_model
+    from pdserve.server.launch import MAX_AUTO_KV_BLOCKS, ServeConfig, kv_blocks_for
+
+    model = resolve_model("tiny").config
+    config = ServeConfig(model="tiny", kv_cache_mib=4)
+    float32 = kv_blocks_for(config, model)
+    assert float32 == (4 << 20) // (model.kv_bytes_per_token * 16) < MAX_AUTO_KV_BLOCKS // 2
+    assert kv_blocks_for(config, model, element_bytes=2) == 2 * float32
+    assert kv_blocks_for(ServeConfig(model="tiny", kv_blocks=100), model, 2) == 100

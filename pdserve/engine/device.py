@@ -38,6 +38,11 @@ class EngineDevice:
                              f"{self.memory_fraction}")
 
     @property
+    def element_bytes(self) -> int:
+        """Bytes of one weight or KV element in this dtype."""
+        return DTYPES[self.dtype].itemsize
+
+    @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
 
