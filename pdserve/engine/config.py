@@ -46,8 +46,12 @@ class ModelConfig:
                              f"{', '.join(sorted(SUPPORTED_ROPE))})")
 
     @property
+    def kv_elements_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim  # K and V
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # float32
+        return self.kv_elements_per_token * 4  # float32, the CPU engine's dtype
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> ModelConfig:

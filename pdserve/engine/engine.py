@@ -290,6 +290,10 @@ class Engine(EngineHandoffs):
                                           hidden[index])
         return outputs
 
+    def capture_hidden_states(self, every_tokens: int) -> None:
+        """From now on keep each sequence's hidden vector every `every_tokens` (0: off)."""
+        self.hidden_capture = HiddenStateCapture(every_tokens)
+
     def take_hidden_states(self) -> dict[int, np.ndarray]:
         """Request id -> float32 hidden vector captured since the last call, one whenever a
         sequence's generated-token count reached a multiple of `hidden_state_every_tokens`

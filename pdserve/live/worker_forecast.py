@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.instance.decode_forecast import DecodeForecast, DecodeLoadTracker, ForecastSettings
 from pdserve.instance.length_predictor import parse_predictor_spec
 from pdserve.instance.local_scheduler import LocalScheduler
@@ -40,7 +39,7 @@ class WorkerForecast:
         check_live_predictor(settings.predictor)
         if parse_predictor_spec(settings.predictor)[0] == "hidden-state":
             # the engine keeps each decode's hidden vector every k tokens (the refresh)
-            engine.hidden_capture = HiddenStateCapture(settings.refresh_every_tokens)
+            engine.capture_hidden_states(settings.refresh_every_tokens)
         return cls(DecodeLoadTracker(settings, knows_true_length=False), engine, local)
 
     def report(self) -> DecodeForecast:

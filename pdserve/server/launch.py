@@ -100,7 +100,7 @@ def kv_blocks_for(config: ServeConfig, model: ModelConfig, element_bytes: int = 
     elements of `element_bytes` (the engines' dtype: 2 for bfloat16, 4 for float32)."""
     if config.kv_blocks:
         return config.kv_blocks
-    block_bytes = model.kv_bytes_per_token // 4 * element_bytes * KV_BLOCK_TOKENS
+    block_bytes = model.kv_elements_per_token * element_bytes * KV_BLOCK_TOKENS
     return max(1, min(MAX_AUTO_KV_BLOCKS, (config.kv_cache_mib << 20) // block_bytes))
 
 
@@ -130,7 +130,7 @@ def build_app(config: ServeConfig) -> FastAPI:
     element_bytes = resolve_device(config.device, config.dtype).element_bytes
     kv_blocks = kv_blocks_for(config, served.config, element_bytes)
     log.info("KV cache: %d blocks of %d tokens per worker (%.0f MiB)", kv_blocks, KV_BLOCK_TOKENS,
-             kv_blocks * KV_BLOCK_TOKENS * served.config.kv_bytes_per_token // 4
+             kv_blocks * KV_BLOCK_TOKENS * served.config.kv_elements_per_token
              * element_bytes / (1 << 20))
     if config.perf_model:
         perf = PerfModel.load(config.perf_model)
