@@ -63,11 +63,11 @@ def complete(base: str, prompt: str | list[int], max_tokens: int = 5) -> httpx.R
         "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
 
 
-def wait_for(condition, timeout_s: float = 90) -> None:
+def wait_for(condition, timeout_s: float = 90, poll_s: float = 0.1) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
+        time.sleep(poll_s)
 
 
 def pids(driver) -> list[int]:
@@ -216,10 +216,13 @@ def test_failover_under_concurrent_streams_loses_and_repeats_nothing(tmp_path, v
         assert all(o["error"] is None for o in outs)
 
         outs, started, threads = load()
-        assert started[0].wait(60)
         if victim == "prefill":
-            kill_worker(driver, 0)  # mid-load: prefills, hand-offs and transfers in flight
+            # mid-load, while it holds prefills (12 short prompts prefill in one batch within
+            # milliseconds: waiting for a streamed token could find it empty)
+            wait_for(lambda: driver.view.instances[0].prefill_queue_len > 0, 30, 0.0005)
+            kill_worker(driver, 0)
         else:
+            assert started[0].wait(60)
             wait_for(lambda: any(s.running_decodes >= 3 for s in driver.view.instances[1:]),
                      30)
             busiest = max((1, 2), key=lambda i: driver.view.instances[i].running_decodes)
