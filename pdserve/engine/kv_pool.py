@@ -4,10 +4,15 @@ K and V contiguously and a run of consecutive blocks is one contiguous byte rang
 moves it). The tensor can live in named shared memory, set up once, so that another process
 on the host maps it and copies blocks out without pickling anything.
 
-A pool on a GPU (`device`) keeps its blocks there, in the engine's dtype; named, it also
-has a host mirror in shared memory (`mirror`): a sender copies a sequence's blocks into it
-(`stage`) before handing them off, and peers read them there (`host_run`), so the
-hand-off path between processes is the same for every device (host staging).
+A pool on a GPU (`device`) keeps its blocks there, in the engine's dtype. Named, it is
+shared in one of two ways:
+- CUDA IPC (the default; `cuda_ipc.py`): the segment of its name holds an IPC handle of the
+  blocks, and a peer on the node copies from them GPU to GPU;
+- staging (`staged=True`): a page-locked host mirror in shared memory (`mirror`): a sender
+  copies a sequence's blocks into it (`stage`) before handing them off, and peers read them
+  there (`host_run`). A staged pool on the CPU exercises this path without a GPU.
+`bench/gpu_check.py handoff` measures the two (docs/results/gpu.md). A peer on another
+node reads blocks through `host_run` either way.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ from multiprocessing import resource_tracker, shared_memory
 
 import torch
 
+from pdserve.engine import cuda_ipc
 from pdserve.instance.segments import runs
 from pdserve.types import KV_BLOCK_TOKENS
 
 
-def _attach_untracked(name: str) -> shared_memory.SharedMemory:
+def attach_untracked(name: str) -> shared_memory.SharedMemory:
     """Map an existing segment without registering it with this process's resource tracker.
 
     The creator owns (and unlinks) the segment. On Python < 3.13 attaching registers it too,
@@ -40,8 +46,8 @@ class PagedKVPool:
                  block_size: int = KV_BLOCK_TOKENS, shared_name: str | None = None,
                  attach: bool = False, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", staged: bool = False) -> None:
-        """`staged`: keep the blocks private and share a host mirror (always so on a GPU;
-        on the CPU, to exercise the GPU's hand-off path)."""
+        """`staged`: keep the blocks private and share a host mirror (on a GPU instead of
+        CUDA IPC; on the CPU, to exercise the GPU's staging path)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.shape = (num_blocks, num_layers, 2, block_size, kv_heads, head_dim)
@@ -52,25 +58,50 @@ class PagedKVPool:
         self._shm: shared_memory.SharedMemory | None = None
         self._owner = False
         self.mirror: torch.Tensor | None = None  # host copy peers read (a GPU pool's)
+        self._pinned_ptr = 0  # a page-locked host mapping to release at close
         on_host = torch.device(device).type == "cpu"
-        staged = staged or not on_host
-        if shared_name is None or staged:
+        if attach and not on_host:
+            raise ValueError(f"a peer's pool is mapped on the host, not on {device}")
+        if shared_name is None or staged or not on_host:
             self.data = torch.zeros(self.shape, dtype=dtype, device=device)
             if shared_name is None:
                 return
+            if not on_host and not staged:  # peers open the blocks through CUDA IPC
+                self._shm = cuda_ipc.publish(self.data, shared_name)
+                self._owner = True
+                return
         if attach:
-            if not on_host:
-                raise ValueError(f"a peer's pool is mapped on the host, not on {device}")
-            self._shm = _attach_untracked(shared_name)
+            self._shm = attach_untracked(shared_name)
         else:
             size = numel * torch.empty((), dtype=dtype).element_size()
             self._shm = shared_memory.SharedMemory(name=shared_name, create=True, size=size)
             self._owner = True
         host = torch.frombuffer(self._shm.buf, dtype=dtype, count=numel).view(self.shape)
-        if staged:
+        if staged or not on_host:
             self.mirror = host
+            if not on_host:
+                self.pin_host_mapping()
         else:
             self.data = host
+
+    @classmethod
+    def from_cuda_ipc(cls, name: str, segment: shared_memory.SharedMemory) -> PagedKVPool:
+        """A peer's GPU pool opened through the IPC handle in its segment (read only)."""
+        pool = cls.__new__(cls)
+        pool.data = cuda_ipc.open_handle(name, segment)
+        pool.shape = tuple(pool.data.shape)
+        pool.num_blocks, pool.block_size = pool.shape[0], pool.shape[3]
+        pool.dtype = pool.data.dtype
+        pool.mirror, pool._pinned_ptr, pool._owner = None, 0, False
+        pool._shm = segment
+        return pool
+
+    def pin_host_mapping(self) -> None:
+        """Page-lock this process's mapping of the shared host blocks (a GPU pool's mirror,
+        or a peer's mirror a GPU receiver maps), so GPU copies from it run at full speed."""
+        host = self.mirror if self.mirror is not None else self.data
+        if not self._pinned_ptr and not host.is_cuda and cuda_ipc.register_pinned(host):
+            self._pinned_ptr = host.data_ptr()
 
     @property
     def shared_name(self) -> str | None:
@@ -88,9 +119,11 @@ class PagedKVPool:
                 self.mirror[start:start + count].copy_(self.data[start:start + count])
 
     def host_run(self, start: int, count: int) -> torch.Tensor:
-        """Blocks [start, start + count) on the host: the pool's own, or its mirror's."""
-        source = self.mirror if self.mirror is not None else self.data
-        return source[start:start + count]
+        """Blocks [start, start + count) on the host: the pool's own, its mirror's, or a
+        fresh copy of a GPU pool's (shared through IPC, it has no mirror)."""
+        if self.mirror is not None:
+            return self.mirror[start:start + count]
+        return self.data[start:start + count].cpu()
 
     def write(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, keys: torch.Tensor,
               values: torch.Tensor) -> None:
@@ -124,8 +157,11 @@ class PagedKVPool:
         if self._shm is None:
             return
         del self.data
+        if self._pinned_ptr:
+            torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)
         self.mirror = None
         self._shm.close()
         if self._owner:
+            cuda_ipc.withdraw(self._shm.name)
             self._shm.unlink()
         self._shm = None

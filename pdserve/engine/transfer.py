@@ -1,7 +1,8 @@
 """Moving a sequence's KV between instances.
 
-Same host: every instance's pool is in named shared memory, set up once; the receiver maps
-the sender's pool (`attach_pool`) and copies runs of blocks straight from it. Before
+Same host: every instance's pool is shared under its name, set up once (host shared memory,
+or a GPU pool's CUDA IPC handle); the receiver maps the sender's pool (`attach_pool`) and
+copies runs of blocks straight from it. Before
 copying, the two block lists are aligned (FlowKV's bidirectional segment alignment) so one
 run that is consecutive on both sides is one copy. `copy_per_block` is the unaligned
 baseline (one copy per block) the benchmark compares against.
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pdserve.engine import cuda_ipc
 from pdserve.engine.allocator import align, runs
-from pdserve.engine.kv_pool import PagedKVPool
+from pdserve.engine.kv_pool import PagedKVPool, attach_untracked
 from pdserve.engine.sampling import SamplingParams
 
 _HEADER = struct.Struct("!II")  # number of blocks, bytes per block
@@ -41,11 +43,22 @@ class KVHandoff:
 
 
 def attach_pool(name: str, like: PagedKVPool) -> PagedKVPool:
-    """Map another process's shared pool (or a GPU pool's host mirror) of the same shape
-    and dtype, on the host."""
+    """Map another process's shared pool of the same shape and dtype: a GPU pool's blocks
+    through CUDA IPC, else the pool (or a GPU pool's staging mirror) on the host."""
+    segment = attach_untracked(name)
+    if cuda_ipc.is_handle(segment):
+        peer = PagedKVPool.from_cuda_ipc(name, segment)
+        if peer.shape != like.shape or peer.dtype != like.dtype:
+            raise ValueError(f"peer pool {name} is {peer.shape} {peer.dtype}, this one is "
+                             f"{like.shape} {like.dtype}")
+        return peer
+    segment.close()
     blocks, layers, _, block_size, kv_heads, head_dim = like.shape
-    return PagedKVPool(blocks, layers, kv_heads, head_dim, block_size, shared_name=name,
+    peer = PagedKVPool(blocks, layers, kv_heads, head_dim, block_size, shared_name=name,
                        attach=True, dtype=like.dtype)
+    if like.data.is_cuda:  # a staged GPU peer: copy to this GPU from page-locked memory
+        peer.pin_host_mapping()
+    return peer
 
 
 def copy_aligned(source: PagedKVPool, target: PagedKVPool, source_blocks: list[int],
@@ -55,6 +68,8 @@ def copy_aligned(source: PagedKVPool, target: PagedKVPool, source_blocks: list[i
     alignment = align(source_blocks, target_blocks)
     for src, dst, count in alignment:
         target.run(dst, count).copy_(source.run(src, count))
+    if target.data.is_cuda:  # done before the sender may reuse the blocks
+        torch.cuda.current_stream(target.data.device).synchronize()
     return len(alignment)
 
 
