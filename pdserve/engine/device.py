@@ -25,7 +25,10 @@ class EngineDevice:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     dtype: str = "float32"  # a key of DTYPES
     memory_fraction: float = 0.0  # a GPU worker's share of the GPU's memory; 0: no cap
-    kv_staging: bool = False  # hand off through a host mirror (always so on a GPU)
+    kv_staging: bool = False  # hand off through a pinned host mirror, not CUDA IPC (on the
+    # CPU: exercises the GPU's staging path)
+    cuda_graphs: bool = True  # on a GPU, replay decode steps from CUDA graphs
+    # (`decode_graphs.py`); False: every step eager
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -87,5 +90,6 @@ def place(model: nn.Module, where: EngineDevice) -> nn.Module:
 def limit_memory(where: EngineDevice) -> None:
     """Cap this process's share of its GPU (several workers on one GPU)."""
     if not where.on_cpu and where.memory_fraction > 0:
-        torch.cuda.set_per_process_memory_fraction(where.memory_fraction,
-                                                   where.torch_device)
+        index = where.torch_device.index
+        torch.cuda.set_per_process_memory_fraction(
+            where.memory_fraction, torch.cuda.current_device() if index is None else index)
