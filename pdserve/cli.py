@@ -205,11 +205,17 @@ def _profile_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--contention", type=int, default=0,
                    help="other engine processes decoding during the measurement; use the "
                    "deployment's instances - 1 to include its CPU sharing [0]")
+    p.add_argument("--device", default="cpu", help="the engine's device: cpu, cuda, cuda:N "
+                   "or auto [cpu]")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16",
+                                                       "bfloat16"],
+                   help="weights and KV (auto: float32 on the CPU, bfloat16 on a GPU) [auto]")
     p.set_defaults(handler=_run_profile)
 
 
 def _run_profile(args: argparse.Namespace) -> int:
     try:
+        from pdserve.engine.device import resolve_device
         from pdserve.engine.profile import QUICK_GRID, ProfileGrid, profile_engine
     except ImportError as err:
         raise ValueError(f"profiling needs the engine extra (pip install 'pdserve[engine]'): "
@@ -218,7 +224,8 @@ def _run_profile(args: argparse.Namespace) -> int:
         raise ValueError(f"--kv-blocks must be positive, got {args.kv_blocks}")
     grid = QUICK_GRID if args.quick else ProfileGrid()
     model = profile_engine(args.model, args.kv_blocks, grid,
-                           lambda message: print(f"  {message}", flush=True), args.contention)
+                           lambda message: print(f"  {message}", flush=True), args.contention,
+                           resolve_device(args.device, args.dtype))
     model.save(args.out)
     p, d, t = model.prefill, model.decode, model.transfer
     print(f"prefill  {p.intercept_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us/token + "

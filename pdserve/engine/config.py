@@ -4,6 +4,7 @@ Named presets are randomly initialised and use the byte-level BPE tokenizer ship
 pdserve, so nothing is downloaded:
   tiny   hidden 256, 4 layers, 4 heads, 2 KV heads
   small  hidden 1024, 8 layers, 16 heads, 4 KV heads
+  llama-3.1-8b  Llama-3.1-8B's shape (for profiling a GPU; initialised on the device)
 Rotary scaling: "default", "linear" and "llama3" are supported, read from either
 `rope_scaling` + `rope_theta` (transformers 4) or `rope_parameters` (transformers 5).
 """
@@ -90,10 +91,14 @@ def named_config(name: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> 
                      num_kv_heads=2),
         "small": dict(hidden_size=1024, intermediate_size=2816, num_layers=8, num_heads=16,
                       num_kv_heads=4),
+        # the papers' shape, for profiling a GPU (random weights: initialise on the device)
+        "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_layers=32,
+                             num_heads=32, num_kv_heads=8, rope_theta=500000.0,
+                             vocab_size=128256),
     }
     if name not in shapes:
         raise ValueError(f"unknown model {name!r}: a named model ({', '.join(shapes)}) or a "
                          f"Hugging Face checkpoint directory")
-    shape = shapes[name]
-    return ModelConfig(vocab_size=vocab_size, head_dim=shape["hidden_size"] // shape["num_heads"],
+    shape: dict[str, Any] = {"vocab_size": vocab_size, **shapes[name]}
+    return ModelConfig(head_dim=shape["hidden_size"] // shape["num_heads"],
                        max_position_embeddings=8192, eos_token_ids=eos_token_ids, **shape)

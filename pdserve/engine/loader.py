@@ -21,15 +21,21 @@ import torch
 from torch import nn
 
 from pdserve.engine.checkpoint import ModelSource, resolve_model
+from pdserve.engine.device import EngineDevice
 from pdserve.engine.model import CausalLM, rope_inv_freq
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.weight_cache import cache_dir, map_weights, source_key, write_weights
 
 
-def load_model(name_or_path: str, seed: int = 0) -> tuple[CausalLM, TextTokenizer | None]:
+def load_model(name_or_path: str, seed: int = 0, where: EngineDevice | None = None
+               ) -> tuple[CausalLM, TextTokenizer | None]:
+    """`where`: build a named random model directly on that device in that dtype (an 8B
+    shape does not fit a float32 host copy comfortably); its weights then come from the
+    device's generator, so they equal the CPU's only on the CPU. Checkpoints load on the
+    host and the engine places them (`device.place`)."""
     source = resolve_model(name_or_path)
     if source.kind == "named":
-        return _random_model(source, seed), source.tokenizer
+        return _random_model(source, seed, where or EngineDevice()), source.tokenizer
     state = map_weights(prepare_weights(source))
     model = _assemble(source, state)
     return model, source.tokenizer
@@ -45,13 +51,20 @@ def prepare_weights(source: ModelSource) -> Path:
                          f"set PDSERVE_CACHE_DIR to a writable directory") from err
 
 
-def _random_model(source: ModelSource, seed: int) -> CausalLM:
-    generator = torch.Generator().manual_seed(seed)
-    model = CausalLM(source.config)
+def _random_model(source: ModelSource, seed: int, where: EngineDevice) -> CausalLM:
+    generator = torch.Generator(where.torch_device).manual_seed(seed)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(where.torch_dtype)
+    try:
+        with torch.device(where.torch_device):
+            model = CausalLM(source.config)
+    finally:
+        torch.set_default_dtype(default_dtype)
     for module in model.modules():
         if isinstance(module, nn.Linear | nn.Embedding):
             with torch.no_grad():
                 module.weight.normal_(0.0, 0.02, generator=generator)
+    model.inv_freq = rope_inv_freq(source.config).to(where.torch_device)
     return model.eval()
 
 

@@ -11,6 +11,12 @@ TTFT predictor load.
 `contention` other processes run the same model decoding a batch in a loop while the
 measurement runs, so the fitted times include the CPU (and memory bandwidth) sharing of a
 deployment with that many other workers on the machine.
+
+On a GPU (`where`, `pdserve profile --device cuda`) each point is timed on the host clock
+around `Engine.run`, which ends by copying the logits to the host, so the GPU's work is
+done when the clock stops; transfers are then block copies between two pools on the GPU
+(what a CUDA IPC hand-off does). `measure_engine` returns the raw points
+(`bench/gpu_check.py` sets them against the calibrated simulator's prediction).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from pdserve.engine.config import ModelConfig
+from pdserve.engine.device import EngineDevice
 from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
@@ -43,6 +51,17 @@ class ProfileGrid:
     context_per_sequence: tuple[int, ...] = (64, 256, 1024)
     transfer_blocks: tuple[int, ...] = (1, 8, 64, 256)
     repeats: int = 3
+
+
+@dataclass(frozen=True)
+class ProfileSamples:
+    """The measured points: prefill (new, prior tokens, s), decode (batch, context tokens
+    in all, s) and transfer (bytes, copies, s)."""
+
+    prefill: list[tuple[int, int, float]]
+    decode: list[tuple[int, int, float]]
+    transfer: list[tuple[float, float, float]]
+    kv_bytes_per_token: int
 
 
 QUICK_GRID = ProfileGrid(prefill_tokens=(16, 128, 512), prior_tokens=(0, 256),
@@ -119,20 +138,29 @@ def _contention(model_name: str, processes: int) -> Iterator[None]:
 
 def profile_engine(model_name: str, kv_blocks: int = 4096, grid: ProfileGrid = ProfileGrid(),
                    progress: Callable[[str], None] | None = None,
-                   contention: int = 0) -> PerfModel:
+                   contention: int = 0, where: EngineDevice | None = None) -> PerfModel:
     if contention < 0:
         raise ValueError(f"contention must not be negative, got {contention}")
+    where = where or EngineDevice()
     with _contention(model_name, contention):
-        model = _measure(model_name, kv_blocks, grid, progress)
+        samples = measure_engine(model_name, grid, progress, where)
+    on = "1 thread" if where.on_cpu else f"{where.device} {where.dtype}"
+    model = PerfModel(name=f"{model_name} (profiled, {on})",
+                      prefill=fit_prefill(samples.prefill), decode=fit_decode(samples.decode),
+                      transfer=fit_transfer(samples.transfer),
+                      kv_bytes_per_token=samples.kv_bytes_per_token,
+                      kv_capacity_tokens=kv_blocks * KV_BLOCK_TOKENS)
     if contention:
         model = replace(model, name=f"{model.name}, {contention} other workers decoding")
     return model
 
 
-def _measure(model_name: str, kv_blocks: int, grid: ProfileGrid,
-             progress: Callable[[str], None] | None) -> PerfModel:
+def measure_engine(model_name: str, grid: ProfileGrid = ProfileGrid(),
+                   progress: Callable[[str], None] | None = None,
+                   where: EngineDevice | None = None) -> ProfileSamples:
+    where = where or EngineDevice()
     torch.set_num_threads(1)
-    model, tokenizer = load_model(model_name)
+    model, tokenizer = load_model(model_name, where=where)
     say = progress or (lambda message: None)
     context = model.config.max_position_embeddings
     grid = fit_grid_to_context(grid, context)
@@ -149,7 +177,7 @@ def _measure(model_name: str, kv_blocks: int, grid: ProfileGrid,
 
     def engine_with(sequences: int, prefilled_tokens: int, extra_tokens: int = 0) -> Engine:
         """A fresh engine holding `sequences` sequences with their first tokens computed."""
-        engine = Engine(model, tokenizer, pool_blocks)
+        engine = Engine(model, tokenizer, pool_blocks, device=where)
         for rid in range(sequences):
             engine.add(rid, [5] * (prefilled_tokens + extra_tokens), params)
             if prefilled_tokens:
@@ -180,21 +208,22 @@ def _measure(model_name: str, kv_blocks: int, grid: ProfileGrid,
                 times.append(time.perf_counter() - start)
             decode.append((batch, batch * (context + 1), _median(times)))
         say(f"decode batch {batch}: done")
-    transfer = _profile_transfer(Engine(model, None, 1), grid)
+    transfer = _profile_transfer(model.config, grid, where)
     say("transfer: done")
-    return PerfModel(name=f"{model_name} (profiled, 1 thread)", prefill=fit_prefill(prefill),
-                     decode=fit_decode(decode), transfer=fit_transfer(transfer),
-                     kv_bytes_per_token=model.config.kv_bytes_per_token,
-                     kv_capacity_tokens=kv_blocks * KV_BLOCK_TOKENS)
+    kv_bytes = model.config.kv_elements_per_token * where.element_bytes
+    return ProfileSamples(prefill, decode, transfer, kv_bytes)
 
 
-def _profile_transfer(engine: Engine, grid: ProfileGrid) -> list[tuple[float, float, float]]:
-    """Copies between two shared-memory pools, as one aligned run and block by block:
-    (bytes, copies, seconds)."""
-    config, size = engine.model.config, max(grid.transfer_blocks)
+def _profile_transfer(config: ModelConfig, grid: ProfileGrid,
+                      where: EngineDevice) -> list[tuple[float, float, float]]:
+    """Copies between two pools (shared memory on the CPU, the GPU's memory on a GPU), as
+    one aligned run and block by block: (bytes, copies, seconds)."""
+    size = max(grid.transfer_blocks)
     source, target = (
         PagedKVPool(size, config.num_layers, config.num_kv_heads, config.head_dim,
-                    shared_name=f"pdserve-profile-{os.getpid()}-{side}")
+                    shared_name=(f"pdserve-profile-{os.getpid()}-{side}" if where.on_cpu
+                                 else None),
+                    dtype=where.torch_dtype, device=where.torch_device)
         for side in ("source", "target"))
     samples = []
     try:

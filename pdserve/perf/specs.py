@@ -84,6 +84,10 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
               ffn=13824, vocab=152064, source="Qwen/Qwen2.5-14B config.json"),
     ModelSpec("qwen2.5-32b", layers=64, hidden=5120, heads=40, kv_heads=8, head_dim=128,
               ffn=27648, vocab=152064, source="Qwen/Qwen2.5-32B config.json"),
+    ModelSpec("smollm2-135m", layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64,
+              ffn=1536, vocab=49152, tied_embeddings=True,
+              source="HuggingFaceTB/SmolLM2-135M-Instruct config.json (pdserve's default "
+              "model; for checking the simulator against a GPU, docs/results/gpu.md)"),
     # the shapes Vidur profiled (pdserve/data/gpu_profiles/), for checking the calibration
     ModelSpec("llama-2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128,
               ffn=11008, vocab=32000, source="meta-llama/Llama-2-7b-hf config.json"),
