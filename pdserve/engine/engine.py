@@ -29,11 +29,13 @@ import numpy as np
 import torch
 
 from pdserve.engine.allocator import SegmentAllocator
+from pdserve.engine.decode_graphs import DecodeGraphs
 from pdserve.engine.device import EngineDevice, place
 from pdserve.engine.handoff import EngineHandoffs
 from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch, on_device
+from pdserve.engine.prefix_reuse import EnginePrefixReuse
 from pdserve.engine.prompt_logprobs import prompt_logprob_rows, record_prompt_logprobs
 from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
 from pdserve.engine.session_kv import SessionKVStore
@@ -41,7 +43,7 @@ from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.instance.local_scheduler import BatchPlan
 from pdserve.instance.prefix_cache import CachedBlockIds
-from pdserve.types import Request, blocks_for
+from pdserve.types import blocks_for
 
 
 @dataclass
@@ -73,7 +75,7 @@ class TokenOutput:
     logprob: TokenLogprob | None = None  # when the sequence asks for logprobs
 
 
-class Engine(EngineHandoffs):
+class Engine(EngineHandoffs, EnginePrefixReuse):
     def __init__(self, model: CausalLM, tokenizer: TextTokenizer | None, num_blocks: int,
                  shared_name: str | None = None, device: EngineDevice | None = None,
                  hidden_state_every_tokens: int = 0) -> None:
@@ -88,6 +90,7 @@ class Engine(EngineHandoffs):
                                 dtype=self.where.torch_dtype, device=self.where.torch_device,
                                 staged=self.where.kv_staging)
         self.allocator = SegmentAllocator(num_blocks)
+        self.decode_graphs: DecodeGraphs | None = None
         self.sequences: dict[int, Sequence] = {}
         self.prefix_ids: CachedBlockIds | None = None  # `enable_prefix_cache`
         self.computed_tokens_total = 0  # tokens run through the model, prefills and decodes
@@ -97,6 +100,18 @@ class Engine(EngineHandoffs):
         self.reused_tokens_total = 0  # tokens whose KV a session's history provided
         # every k generated tokens, a sequence's hidden vector for the length predictor
         self.hidden_capture = HiddenStateCapture(hidden_state_every_tokens)
+        if not self.where.on_cpu and self.where.cuda_graphs and num_blocks > 1:
+            self.enable_decode_graphs()
+
+    def enable_decode_graphs(self, capture: bool = True) -> None:
+        """Decode-only steps from CUDA graphs (`decode_graphs.py`; `capture=False`: their
+        padded static path, eagerly). Call before any sequence: the pool's last block becomes
+        the padding rows' scratch, outside the allocator."""
+        assert not self.sequences, "decode graphs are set up on an empty engine"
+        scratch = self.pool.num_blocks - 1
+        self.allocator = SegmentAllocator(scratch)
+        self.sessions = SessionKVStore(self.allocator)
+        self.decode_graphs = DecodeGraphs(self.model, self.pool, scratch, capture)
 
     # ---- sequences ----
     def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams,
@@ -169,38 +184,6 @@ class Engine(EngineHandoffs):
             self.allocator.free(sequence.blocks[sequence.shared_blocks:])
         sequence.blocks, sequence.computed_tokens, sequence.shared_blocks = [], 0, 0
 
-    # ---- prefix cache (the local scheduler's `PrefixCache` decides; this follows it) ----
-    def enable_prefix_cache(self, block_tokens: int) -> None:
-        self.prefix_ids = CachedBlockIds(block_tokens // self.pool.block_size)
-
-    def follow_prefix_cache(self, evicted: list[int], donated: list[tuple[int, int, int]]
-                            ) -> None:
-        """Apply the cache's events: evicted entries free their blocks; donated ones take
-        the (request id, hash index, hash) block of that sequence."""
-        assert self.prefix_ids is not None
-        for blocks in self.prefix_ids.evict(evicted):
-            self.allocator.free(blocks)
-        for request_id, index, block_hash in donated:
-            sequence = self.sequences[request_id]
-            self.prefix_ids.donate(block_hash, sequence.blocks, index)
-            sequence.shared_blocks = (index + 1) * self.prefix_ids.per_entry
-
-    def attach_prefix_hits(self, plan: BatchPlan) -> None:
-        """Prefills the local scheduler admitted with prefix hits start on the cached
-        blocks, computed up to the hit (idempotent)."""
-        for request, _ in plan.chunks:
-            if request.cached_blocks:
-                self._reuse_prefix(request)
-
-    def _reuse_prefix(self, request: Request) -> None:
-        sequence = self.sequences[request.request_id]
-        if self.prefix_ids is None or sequence.blocks or sequence.computed_tokens:
-            return
-        sequence.blocks = self.prefix_ids.hit(request.hash_ids[:request.cached_blocks])
-        sequence.shared_blocks = len(sequence.blocks)
-        sequence.computed_tokens = sequence.shared_blocks * self.pool.block_size
-        self.prefix_hit_tokens_total += sequence.computed_tokens
-
     def _grow(self, sequence: Sequence, tokens: int) -> None:
         need = blocks_for(tokens) - len(sequence.blocks)
         if need > 0:
@@ -255,9 +238,12 @@ class Engine(EngineHandoffs):
         prompt_rows = prompt_logprob_rows(work)
         if prompt_rows:
             batch.extra_rows = torch.tensor([row for _, row, _ in prompt_rows])
-        if not self.where.on_cpu:
-            batch = on_device(batch, self.where.torch_device)
-        logits, hidden = self.model(batch, self.pool)
+        if self.decode_graphs is not None and self.decode_graphs.fits(batch):
+            logits, hidden = self.decode_graphs.run(batch)
+        else:
+            if not self.where.on_cpu:
+                batch = on_device(batch, self.where.torch_device)
+            logits, hidden = self.model(batch, self.pool)
         logits, hidden = logits.float().cpu(), hidden.float().cpu()  # sampled on the host
         if prompt_rows:
             record_prompt_logprobs(prompt_rows, logits[len(work):])

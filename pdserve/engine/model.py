@@ -41,6 +41,8 @@ class ForwardBatch:
     decode_tables: torch.Tensor | None = None  # [decodes, max blocks], zero-padded
     decode_context: torch.Tensor | None = None  # [decodes]
     extra_rows: torch.Tensor | None = None  # packed rows whose logits are also wanted
+    last_rows: torch.Tensor | None = None  # each sequence's last packed row, when known on
+    # the device (a captured decode graph: no host list may be read while capturing)
 
 
 def on_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
@@ -53,7 +55,7 @@ def on_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
         batch.context_tokens, [move(t) for t in batch.block_tables],  # type: ignore[misc]
         move(batch.slot_blocks), move(batch.slot_offsets),  # type: ignore[arg-type]
         batch.num_decodes, move(batch.decode_tables), move(batch.decode_context),
-        move(batch.extra_rows))
+        move(batch.extra_rows), move(batch.last_rows))
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -214,7 +216,8 @@ class CausalLM(nn.Module):
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, batch, pool)
-        rows = torch.tensor(batch.new_tokens, device=x.device).cumsum(0) - 1
+        rows = (batch.last_rows if batch.last_rows is not None
+                else torch.tensor(batch.new_tokens, device=x.device).cumsum(0) - 1)
         if batch.extra_rows is not None:
             rows = torch.cat((rows, batch.extra_rows))
         hidden = self.model.norm(x[rows])

@@ -109,8 +109,8 @@ class Worker:
                              device=device)
         install_from_env(self.engine)
         release_freed_memory()  # what resolving the model parsed and dropped
-        self.local = LocalScheduler(instance_id, num_blocks, chunk_size_tokens, max_batch_size,
-                                    queue_order())
+        self.local = LocalScheduler(instance_id, self.engine.allocator.num_blocks,
+                                    chunk_size_tokens, max_batch_size, queue_order())
         if perf is not None:
             bind_order(self.local.prefills.order, time.monotonic, perf)
         self.local.phase_priority = parse_phase_priority(phase_priority)
