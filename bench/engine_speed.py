@@ -22,7 +22,12 @@ Times are the process's CPU time (`time.process_time`): both sides run in this o
 on one torch thread, so on an idle machine that is their wall time, and on a shared one it
 leaves out the time other processes held the core.
 
-    python bench/engine_speed.py [--requests 24]
+`--device cuda` runs both sides on a GPU (`--dtype`, default bfloat16) and times them on the
+wall clock after synchronising; pdserve decodes from CUDA graphs there, captured in an
+untimed first pass of each measurement (as a server captures them before it serves).
+Parts 4 and 5 are the CPU's and are skipped.
+
+    python bench/engine_speed.py [--requests 24] [--device cuda]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import time
 import torch
 
 from pdserve.engine.checkpoint import default_model_path
+from pdserve.engine.device import EngineDevice, resolve_device
 from pdserve.engine.engine import Engine
 from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
@@ -43,6 +49,15 @@ from pdserve.live.processes import worker_context
 from pdserve.types import Request
 
 STEP_PROMPT, STEP_TOKENS = 64, 16
+WHERE = EngineDevice()  # set by --device / --dtype
+
+
+def clock() -> float:
+    """CPU time on the CPU; on a GPU, wall time once its queued work is done."""
+    if WHERE.on_cpu:
+        return time.process_time()
+    torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def reference_model():
@@ -50,32 +65,34 @@ def reference_model():
 
     path = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                 dtype=torch.float32)
+                                                 dtype=WHERE.torch_dtype)
     model.generation_config.pad_token_id = 0
-    return model.eval()
+    return model.to(WHERE.torch_device).eval()
 
 
 def hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
     """Left-padded static batch, greedy, exactly `new_tokens` each; (seconds, tokens)."""
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    start = time.process_time()
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts]).to(WHERE.torch_device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p)
+                         for p in prompts]).to(WHERE.torch_device)
+    start = clock()
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
                           min_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
-    return time.process_time() - start, out[:, width:].tolist()
+    return clock() - start, out[:, width:].tolist()
 
 
 def engine_decode_step_s(model, tokenizer, prompts: list[list[int]]) -> float:
-    engine = Engine(model, tokenizer, 512)
+    engine = Engine(model, tokenizer, 512, device=WHERE)
     for i, prompt in enumerate(prompts):
-        engine.add(i, prompt, SamplingParams(max_tokens=STEP_TOKENS + 1, ignore_eos=True))
+        engine.add(i, prompt, SamplingParams(max_tokens=STEP_TOKENS + 2, ignore_eos=True))
     engine.run([], [(i, len(p)) for i, p in enumerate(prompts)])
-    start = time.process_time()
+    engine.run(list(range(len(prompts))), [])  # untimed: a GPU captures its graph here
+    start = clock()
     for _ in range(STEP_TOKENS):
         engine.run(list(range(len(prompts))), [])
-    return (time.process_time() - start) / STEP_TOKENS
+    return (clock() - start) / STEP_TOKENS
 
 
 def step_table(model, tokenizer, hf, rng: random.Random) -> None:
@@ -94,15 +111,15 @@ def step_table(model, tokenizer, hf, rng: random.Random) -> None:
     prompt = [rng.randrange(3, 49000) for _ in range(512)]
     ours, theirs = [], []
     for _ in range(3):
-        engine = Engine(model, tokenizer, 64)
+        engine = Engine(model, tokenizer, 64, device=WHERE)
         engine.add(0, prompt, SamplingParams(max_tokens=1))
-        start = time.process_time()
+        start = clock()
         engine.run([], [(0, 512)])
-        ours.append(time.process_time() - start)
-        start = time.process_time()
+        ours.append(clock() - start)
+        start = clock()
         with torch.no_grad():
-            hf(torch.tensor([prompt]))
-        theirs.append(time.process_time() - start)
+            hf(torch.tensor([prompt]).to(WHERE.torch_device))
+        theirs.append(clock() - start)
     o, h = statistics.median(ours), statistics.median(theirs)
     print(f"prefill 512 tokens: pdserve {o * 1e3:.0f} ms, HF {h * 1e3:.0f} ms, "
           f"HF / pdserve {h / o:.2f}")
@@ -114,11 +131,19 @@ def served_workload(count: int, rng: random.Random) -> list[tuple[list[int], int
 
 
 def engine_serve(model, tokenizer, work, max_batch: int) -> tuple[float, list[list[int]]]:
-    engine = Engine(model, tokenizer, 2048)
-    local = LocalScheduler(0, total_blocks=2048, chunk_size_tokens=512,
+    engine = Engine(model, tokenizer, 2048, device=WHERE)
+    if not WHERE.on_cpu:  # untimed: capture the decode graphs this workload uses
+        _serve_on(engine, work, max_batch)
+    start = clock()
+    generated = _serve_on(engine, work, max_batch)
+    seconds = clock() - start
+    return seconds, [generated.get(i, []) for i in range(len(work))]
+
+
+def _serve_on(engine: Engine, work, max_batch: int) -> dict[int, list[int]]:
+    local = LocalScheduler(0, total_blocks=engine.allocator.num_blocks, chunk_size_tokens=512,
                            max_batch_size=max_batch)
     generated: dict[int, list[int]] = {}
-    start = time.process_time()
     for i, (prompt, output) in enumerate(work):
         engine.add(i, prompt, SamplingParams(max_tokens=output, ignore_eos=True))
         local.enqueue_prefill(Request(i, 0.0, len(prompt), output))
@@ -130,8 +155,7 @@ def engine_serve(model, tokenizer, work, max_batch: int) -> tuple[float, list[li
             local.continue_in_place(request)
         for request in result.finished:
             generated[request.request_id] = engine.release(request.request_id).generated
-    seconds = time.process_time() - start
-    return seconds, [generated.get(i, []) for i in range(len(work))]
+    return generated
 
 
 def serve_table(model, tokenizer, hf, requests: int, rng: random.Random) -> None:
@@ -241,19 +265,26 @@ def memory_table() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda [cpu]")
+    parser.add_argument("--dtype", default="auto", help="[float32 on the CPU, bfloat16 on a GPU]")
     args = parser.parse_args()
+    global WHERE
+    WHERE = resolve_device(args.device, args.dtype)
+    print(f"engines on {WHERE.device} in {WHERE.dtype}")
     torch.set_num_threads(1)
     rng = random.Random(0)
     from pdserve.engine.checkpoint import resolve_model
     from pdserve.engine.loader import prepare_weights
 
     prepare_weights(resolve_model(""))  # written once; this process does not map it yet
-    memory_table()  # first: a weight file this process mapped would share the workers' pages
+    if WHERE.on_cpu:
+        memory_table()  # first: a weight file this process mapped would share the workers'
     model, tokenizer = load_model("")
     hf = reference_model()
     step_table(model, tokenizer, hf, rng)
     serve_table(model, tokenizer, hf, args.requests, rng)
-    profile_table(model, tokenizer, rng)
+    if WHERE.on_cpu:
+        profile_table(model, tokenizer, rng)
 
 
 if __name__ == "__main__":

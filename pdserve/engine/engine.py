@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from pdserve.engine import batched_prefill
 from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.decode_graphs import DecodeGraphs
 from pdserve.engine.device import EngineDevice, place
@@ -91,6 +92,8 @@ class Engine(EngineHandoffs, EnginePrefixReuse):
                                 staged=self.where.kv_staging)
         self.allocator = SegmentAllocator(num_blocks)
         self.decode_graphs: DecodeGraphs | None = None
+        self.batch_prefills = False  # True: chunks attend in one call on any device (tests;
+        # a GPU batches two or more anyway: `batched_prefill.wanted`)
         self.sequences: dict[int, Sequence] = {}
         self.prefix_ids: CachedBlockIds | None = None  # `enable_prefix_cache`
         self.computed_tokens_total = 0  # tokens run through the model, prefills and decodes
@@ -235,6 +238,12 @@ class Engine(EngineHandoffs, EnginePrefixReuse):
             batch.num_decodes = len(decodes)
             batch.decode_tables = padded
             batch.decode_context = torch.tensor(contexts[:len(decodes)])
+        chunks = len(work) - len(decodes)
+        if chunks and (self.batch_prefills or batched_prefill.wanted(self.where.torch_device,
+                                                                    chunks)):
+            batch.prefill_padding = batched_prefill.pad(new_tokens[len(decodes):],
+                                                        contexts[len(decodes):],
+                                                        tables[len(decodes):])
         prompt_rows = prompt_logprob_rows(work)
         if prompt_rows:
             batch.extra_rows = torch.tensor([row for _, row, _ in prompt_rows])

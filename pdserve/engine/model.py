@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pdserve.engine import batched_prefill
+from pdserve.engine.batched_prefill import PrefillPadding
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.kv_pool import PagedKVPool
 
@@ -43,6 +45,7 @@ class ForwardBatch:
     extra_rows: torch.Tensor | None = None  # packed rows whose logits are also wanted
     last_rows: torch.Tensor | None = None  # each sequence's last packed row, when known on
     # the device (a captured decode graph: no host list may be read while capturing)
+    prefill_padding: PrefillPadding | None = None  # the chunks attend in one call (a GPU's)
 
 
 def on_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
@@ -55,7 +58,8 @@ def on_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
         batch.context_tokens, [move(t) for t in batch.block_tables],  # type: ignore[misc]
         move(batch.slot_blocks), move(batch.slot_offsets),  # type: ignore[arg-type]
         batch.num_decodes, move(batch.decode_tables), move(batch.decode_context),
-        move(batch.extra_rows), move(batch.last_rows))
+        move(batch.extra_rows), move(batch.last_rows),
+        None if batch.prefill_padding is None else batch.prefill_padding.to(device))
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -123,6 +127,10 @@ class Attention(nn.Module):
         if decodes:
             outputs.append(self._decode_attention(q[:decodes], batch, pool))
         start = decodes
+        if batch.prefill_padding is not None:
+            outputs.append(batched_prefill.attention(q[decodes:], batch.prefill_padding, pool,
+                                                     self.layer))
+            return self.o_proj(torch.cat(outputs))
         for new, context, table in zip(batch.new_tokens[decodes:],
                                        batch.context_tokens[decodes:],
                                        batch.block_tables[decodes:], strict=True):
