@@ -1,6 +1,7 @@
 """Calibration of the performance model against Vidur's measured A100 rows.
 
-Prints (1) each operator curve's error on the held-out rows, (2) whole-step error on held-out
+Prints (1) each operator curve's error on the held-out rows, alone and with the
+opt-in per-shape corrections (`perf/residuals.py`), (2) whole-step error on held-out
 steps (composed as Vidur's README says: per-layer op rows x layers + embedding + CPU overhead
 + all-reduces), for the operator model and for the runtime PerfModel the simulator uses,
 (3) a leave-one-model-out check of the GEMM curves (how well an unprofiled shape is priced),
@@ -26,6 +27,7 @@ from pdserve.perf.heldout import (
 from pdserve.perf.operators import GEMM_OPS, shipped_operator_model
 from pdserve.perf.presets import calibrated, roofline_perf_model
 from pdserve.perf.profiles import load_table
+from pdserve.perf.residuals import shipped_residuals
 from pdserve.perf.specs import gpu_spec
 
 
@@ -43,14 +45,28 @@ def operators() -> None:
               f"({error.rows} rows)")
     same = refit.to_json() == shipped.to_json()
     print(f"shipped a100_operators.json equals this refit: {same}")
+    residuals = calibrate.fit_operator_residuals(refit)
+    print("\n== per operator, held-out rows, curves + per-shape corrections (perf/residuals.py; "
+          "the A100's profiled shapes only; opt-in) ==")
+    for name, error in calibrate.held_out_errors_corrected(refit, residuals).items():
+        print(f"{name:26s} median {error.median_pct:4.1f} %, P90 {error.p90_pct:5.1f} % "
+              f"({error.rows} rows)")
+    same = residuals.to_json() == shipped_residuals().to_json()
+    print(f"shipped a100_residuals.json equals this refit: {same}")
 
 
 def steps() -> None:
-    cases = held_out_steps()
-    print("\n== per step, held-out steps (Llama-3-70B, Llama-2-70B, CodeLlama-34B at TP 2) ==")
-    for kind in ("decode", "prefill"):
-        for which, label in (("operator", "operator model"), ("runtime", "runtime PerfModel")):
-            print(f"{kind:7s} step, {label:17s}: {stats(step_errors_pct(cases, kind, which))}")
+    for corrected in (False, True):
+        cases = held_out_steps(corrected)
+        which_model = ("the curves + per-shape corrections (opt-in, off in the simulator)"
+                       if corrected else "the curves (what the simulator uses)")
+        print(f"\n== per step, held-out steps (Llama-3-70B, Llama-2-70B, CodeLlama-34B at "
+              f"TP 2), {which_model} ==")
+        for kind in ("decode", "prefill"):
+            for which, label in (("operator", "operator model"),
+                                 ("runtime", "runtime PerfModel")):
+                print(f"{kind:7s} step, {label:17s}: "
+                      f"{stats(step_errors_pct(cases, kind, which))}")
 
 
 def leave_one_model_out() -> None:

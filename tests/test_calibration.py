@@ -15,6 +15,7 @@ from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, Transfer
 from pdserve.perf.heldout import held_out_steps, step_errors_pct
 from pdserve.perf.operators import OperatorModel, shipped_operator_model
 from pdserve.perf.presets import calibrated, perf_model
+from pdserve.perf.residuals import MLP_OPS, shipped_residuals
 from pdserve.perf.specs import GPUS, gpu_spec, model_spec
 from pdserve.types import attn_units
 
@@ -176,3 +177,24 @@ def test_presets_default_to_the_calibrated_model_and_scale_other_gpus():
         model = perf_model("deepseek-r1-distill-qwen-7b", gpu, 1 if gpu != "h20" else 2)
         assert "calibrated" in model.name
         assert model.prefill.r2 > 0.98 and model.decode.r2 > 0.98
+
+
+def test_per_shape_corrections_reproduce_held_out_rows_and_stay_where_measured():
+    shipped = shipped_operator_model()
+    residuals = calibrate.fit_operator_residuals(shipped)
+    assert residuals.to_json() == shipped_residuals().to_json()  # the file is current
+    errors = calibrate.held_out_errors_corrected(shipped, residuals)
+    assert set(errors) == set(MLP_OPS) | {"attn_decode", "attn_prefill"}
+    for name, error in errors.items():  # against 3-9 % / 10-23 % for the curves alone
+        assert error.median_pct <= 2.0 and error.p90_pct <= 7.0, name
+    corrected = Calibrated(model_spec("llama-3.1-8b"), gpu_spec("a100"), residuals=residuals)
+    plain = Calibrated(model_spec("llama-3.1-8b"), gpu_spec("a100"))
+    assert corrected.prefill_s(700) != plain.prefill_s(700)  # a profiled shape on the A100
+    for model, gpu in (("llama-3.1-8b", "h800"), ("qwen2.5-14b", "a100")):
+        elsewhere = Calibrated(model_spec(model), gpu_spec(gpu), residuals=residuals)
+        unchanged = Calibrated(model_spec(model), gpu_spec(gpu))
+        if gpu != "a100":  # another GPU: the curves alone
+            assert elsewhere.decode_step_s(16, 16 * 700) == unchanged.decode_step_s(16, 16 * 700)
+        else:  # an unprofiled shape: its linear ops keep the curves (attention is corrected)
+            tokens = 700
+            assert elsewhere.layer_s(tokens, [], 0, 0) == unchanged.layer_s(tokens, [], 0, 0)

@@ -35,6 +35,7 @@ from pdserve.perf.operators import (
     op_time_s,
     shipped_operator_model,
 )
+from pdserve.perf.residuals import Residuals
 from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, gpu_spec, kv_capacity_tokens
 
 FIT_GRID = FitGrid(
@@ -51,6 +52,8 @@ class Calibrated:
     tp: int = 1
     ops: OperatorModel = field(default_factory=shipped_operator_model)
     lm_head: bool = True  # False: the profile's own step composition (no logits GEMM)
+    residuals: Residuals | None = None  # per-shape corrections on the A100 (opt-in:
+    # `perf/residuals.py` says why they are off by default)
 
     def __post_init__(self) -> None:
         check_tp(self.model, self.tp)
@@ -99,15 +102,25 @@ class Calibrated:
                           + sum(op_time_s(ops, op, tokens, shape, gpu)
                                 for op in STREAM_OPS if op != "emb"))
         else:
-            total = float(layer_linear_s(ops, tokens, shape, gpu))
+            total = float(layer_linear_s(ops, tokens, shape, gpu, self.residuals))
         total += 2 * self.all_reduce_s(tokens)
+        corrected = self.residuals is not None and gpu.name == self.residuals.reference_gpu
         for new, prior in chunks:
-            total += float(ops.prefill_attention.time_s(new, prior, shape.q_head_scale,
-                                                        shape.kv_bytes_per_token, gpu,
-                                                        self.reference))
+            time = float(ops.prefill_attention.time_s(new, prior, shape.q_head_scale,
+                                                      shape.kv_bytes_per_token, gpu,
+                                                      self.reference))
+            if corrected:
+                assert self.residuals is not None
+                time *= self.residuals.attention_factor("prefill", new, prior)
+            total += time
         if decodes:
-            total += float(ops.decode_attention.time_s(decodes, context_tokens,
-                                                       shape.kv_bytes_per_token, gpu))
+            time = float(ops.decode_attention.time_s(decodes, context_tokens,
+                                                     shape.kv_bytes_per_token, gpu))
+            if corrected:
+                assert self.residuals is not None
+                time *= self.residuals.attention_factor("decode", decodes,
+                                                        context_tokens / decodes)
+            total += time
         return total
 
     def pass_s(self, chunks: list[tuple[int, int]], decodes: int = 0,
@@ -121,7 +134,7 @@ class Calibrated:
                                                   self.model.vocab / self.tp, gpu)
                    if self.lm_head else 0.0)
         once = (float(ops.cpu.time_s(seqs, self.tp)) + float(lm_head)
-                + float(ops.stream["emb"].time_s(tokens, shape.stream_width("emb"), gpu)))
+                + float(op_time_s(ops, "emb", tokens, shape, gpu, self.residuals)))
         return once + self.model.layers * self.layer_s(tokens, chunks, decodes, context_tokens)
 
     def prefill_s(self, new_tokens: int, prior_tokens: int = 0) -> float:

@@ -25,6 +25,7 @@ from pdserve.perf.calibrate import CPU_PARTS
 from pdserve.perf.calibrated import Calibrated
 from pdserve.perf.operators import GEMM_OPS, STREAM_OPS
 from pdserve.perf.profiles import Table, load_table
+from pdserve.perf.residuals import shipped_residuals
 from pdserve.perf.specs import gpu_spec, model_spec
 
 COMPOSED_MODELS = {"Meta-Llama-3-70B": "llama-3.1-70b", "Llama-2-70b-hf": "llama-2-70b",
@@ -70,15 +71,17 @@ def measured_step_s(mlp_row: Table, attention_s: float, layers: int, hidden: int
     return layers * per_layer + float(mlp_row["emb"][0]) * 1e-3 + measured_cpu_s(seqs, tp)
 
 
-@lru_cache(maxsize=1)
-def held_out_steps() -> tuple[StepCase, ...]:
+@lru_cache(maxsize=2)
+def held_out_steps(corrected: bool = False) -> tuple[StepCase, ...]:
+    """`corrected`: the operator model with the per-shape corrections (`residuals.py`)."""
     mlp, attention = load_table("mlp"), load_table("attention_70b_tp2")
     attention = attention.where(attention.held_out)
     gpu = gpu_spec("a100")
     cases: list[StepCase] = []
     for profiled, name in COMPOSED_MODELS.items():
         spec = model_spec(name)
-        model = Calibrated(spec, gpu, 2, lm_head=False)
+        model = Calibrated(spec, gpu, 2, lm_head=False,
+                           residuals=shipped_residuals() if corrected else None)
         runtime = model.to_perf_model()
         rows = mlp.where((mlp["model"] == profiled) & (mlp["tp"] == 2) & mlp.held_out)
         for index in range(len(rows)):

@@ -31,11 +31,14 @@ import json
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdserve.perf.specs import GpuSpec
+
+if TYPE_CHECKING:
+    from pdserve.perf.residuals import Residuals
 
 # the profiled attention layout: Llama-70B shape at TP 2
 PROFILED_Q_HEADS_PER_GPU = 32
@@ -224,16 +227,23 @@ class LayerShape:
 
 
 def op_time_s(ops: OperatorModel, op: str, tokens: Number, shape: LayerShape,
-              gpu: GpuSpec) -> Number:
-    """Time of one GEMM or elementwise op of the MLP-file kind for `tokens` tokens."""
+              gpu: GpuSpec, residuals: Residuals | None = None) -> Number:
+    """Time of one GEMM or elementwise op of the MLP-file kind for `tokens` tokens; with
+    `residuals`, corrected where that shape was measured on this GPU (`residuals.py`)."""
     if op in ops.gemm:
         k, n = shape.gemm_dims(op)
-        return ops.gemm[op].time_s(tokens, k, n, gpu)
-    return ops.stream[op].time_s(tokens, shape.stream_width(op), gpu)
+        time = ops.gemm[op].time_s(tokens, k, n, gpu)
+    else:
+        time = ops.stream[op].time_s(tokens, shape.stream_width(op), gpu)
+    if residuals is not None and gpu.name == residuals.reference_gpu:
+        from pdserve.perf.residuals import shape_key  # residuals.py imports this module
+
+        time = time * residuals.factor(op, shape_key(op, shape), tokens)
+    return time
 
 
 def layer_linear_s(ops: OperatorModel, tokens: Number, shape: LayerShape,
-                   gpu: GpuSpec) -> Number:
+                   gpu: GpuSpec, residuals: Residuals | None = None) -> Number:
     """Every non-attention op of one layer (each once, as the profile lists them)."""
-    return sum(op_time_s(ops, op, tokens, shape, gpu) for op in GEMM_OPS + STREAM_OPS
+    return sum(op_time_s(ops, op, tokens, shape, gpu, residuals) for op in GEMM_OPS + STREAM_OPS
                if op != "emb")
