@@ -217,3 +217,14 @@ def test_scale_up_prefers_a_reserve_still_running_which_serves_at_once():
     scaler.on_tick(ClusterView(0.0, [IDLE, IDLE, IDLE, replace(IDLE, running_decodes=1)]),
                    board)
     assert list(scaler.starting) == [2] and board.roles[3] is Role.RESERVE
+
+
+def test_a_reserve_that_failed_to_start_is_not_waited_for_and_another_scales_up():
+    scaler, board = _overloaded_scaler(stopped={2, 3})
+    scaler.on_tick(ClusterView(0.0, [IDLE] * 4), board)
+    assert list(scaler.starting) == [2] and board.starting == {2}
+    board.mark_failed(2)  # the driver: its worker never came up
+    assert not board.starting
+    scaler.on_tick(ClusterView(1.0, [IDLE] * 4), board)  # still overloaded
+    assert any(i == 2 and what == "start failed" for _, i, what, _ in scaler.events)
+    assert list(scaler.starting) == [3]  # the other reserve, not the failed one

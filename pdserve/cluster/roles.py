@@ -64,6 +64,7 @@ class RoleBoard:
             self._add(instance_id, role)
 
     def mark_failed(self, instance_id: int) -> None:
+        self.starting.discard(instance_id)  # a start that failed is no longer awaited
         if instance_id not in self.failed:
             self.failed.add(instance_id)
             self._remove(instance_id, self.roles[instance_id])

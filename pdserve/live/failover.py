@@ -67,6 +67,7 @@ class Failover:
     view: ClusterView
     _executing: dict[int, frozenset[int]]
     _next_id: int
+    _starting: set[int]
 
     @property
     def failed(self) -> set[int]:
@@ -78,6 +79,7 @@ class Failover:
         self.metrics.count("worker_failures")
         log.error("worker %d exited (code %s); %s", instance, exit_code,
                   self.workers.states[instance].value)
+        self._starting.discard(instance)  # a scale-up whose worker never came up
         batch = self._executing.pop(instance, frozenset())
         total_blocks = self.view.instances[instance].total_blocks
         self.view.instances[instance] = InstanceStats.empty(  # type: ignore[index]

@@ -5,8 +5,9 @@ Nothing here is reachable from HTTP: the variables must be set in the server's e
 pass raises `RuntimeError` for any batch that computes token `<id>` (a prompt holding it
 fails its prefill chunk), the way a request that trips an engine bug would; with
 `PDSERVE_FAULT_EXIT_TOKEN=<id>` the worker process exits at once (`os._exit(70)`), the
-way a crash in native code would. Tests use them to check that such a request fails alone
-and that its worker survives, or is restarted.
+way a crash in native code would; with `PDSERVE_FAULT_START_EXIT_INSTANCE=<id>` that
+instance's worker exits before it reports ready (a worker that cannot start). Tests use them
+to check that such a request fails alone and that its worker survives, or is restarted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pdserve.engine.model import ForwardBatch
 
 RAISE_TOKEN_ENV = "PDSERVE_FAULT_RAISE_TOKEN"
 EXIT_TOKEN_ENV = "PDSERVE_FAULT_EXIT_TOKEN"
+START_EXIT_ENV = "PDSERVE_FAULT_START_EXIT_INSTANCE"
 CRASH_EXIT_CODE = 70
 
 
@@ -38,6 +40,11 @@ class FaultyModel:
         if self.raise_token in tokens:
             raise RuntimeError(f"injected fault: token {self.raise_token} in the batch")
         return self.inner(batch, pool)
+
+
+def exit_at_start_from_env(instance_id: int) -> None:
+    if os.environ.get(START_EXIT_ENV) == str(instance_id):
+        os._exit(CRASH_EXIT_CODE)
 
 
 def install_from_env(engine: Engine) -> None:

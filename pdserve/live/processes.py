@@ -13,7 +13,9 @@ Supervision: a worker that exits is restarted after a back-off (`restart_backoff
 doubling with each restart still inside the budget window, capped at
 `restart_backoff_max_s`), with a fresh KV pool; `on_ready` reports it back. A worker that
 exits more than `max_restarts` times within `restart_window_s` stays dead, as does one that
-does not start within `start_timeout_s`. The dead worker's shared KV segment is unlinked.
+does not start within `start_timeout_s`; a scaled-up worker (`start_worker`) that never
+comes up is then reported through `on_exit`, so the scheduler stops waiting for it. The
+dead worker's shared KV segment is unlinked.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class WorkerProcesses:
         self._on_ready: ReadyHandler = lambda instance, stats, pool: None
         self._timers: list[asyncio.TimerHandle | None] = [None] * count
         self._stopping = False
+        self._scaling_up: set[int] = set()  # started by `start_worker`, not yet ready
 
     @property
     def exited(self) -> set[int]:
@@ -244,6 +247,7 @@ class WorkerProcesses:
             self._start_failed(instance)
             return
         self._pool_names[instance] = message.pool_name
+        self._scaling_up.discard(instance)
         self._watch(instance)
         self._on_ready(instance, message.stats, message.pool_name)
 
@@ -260,6 +264,9 @@ class WorkerProcesses:
             self._schedule_restart(instance)
         else:
             self.states[instance] = WorkerState.DEAD
+            if instance in self._scaling_up and not self._stopping:  # never came up
+                self._scaling_up.discard(instance)
+                self._on_exit(instance, process.exitcode)
 
     # ---- elastic scaling ----
     def stop_worker(self, instance: int) -> None:
@@ -280,6 +287,7 @@ class WorkerProcesses:
         """Start a stopped worker; `on_ready` reports it once it serves."""
         if self.states[instance] is WorkerState.STOPPED and not self._stopping:
             self.states[instance] = WorkerState.STARTING
+            self._scaling_up.add(instance)
             self._restart(instance, counted=False)
 
     # ---- commands ----

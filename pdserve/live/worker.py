@@ -41,7 +41,7 @@ from pdserve.instance.prefix_cache import PrefixCache, chain_hashes
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder, bind_order
 from pdserve.instance.stats import InstanceStats
 from pdserve.live.batch_guard import describe, run_guarded
-from pdserve.live.faults import install_from_env
+from pdserve.live.faults import exit_at_start_from_env, install_from_env
 from pdserve.live.messages import (
     AddRequest,
     AdoptKV,
@@ -108,6 +108,7 @@ class Worker:
                              shared_name=pool_name or f"pdserve-{os.getpid()}-{instance_id}",
                              device=device)
         install_from_env(self.engine)
+        exit_at_start_from_env(instance_id)
         release_freed_memory()  # what resolving the model parsed and dropped
         self.local = LocalScheduler(instance_id, self.engine.allocator.num_blocks,
                                     chunk_size_tokens, max_batch_size, queue_order())

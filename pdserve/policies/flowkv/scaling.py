@@ -50,6 +50,7 @@ class ElasticScaler:
         self.events: list[tuple[float, int, str, str]] = []  # (time, instance, what, reason)
 
     def on_tick(self, view: ClusterView, board: RoleBoard) -> None:
+        self._forget_failed_starts(view, board)
         self._decide(view, board)
         self._stop_drained(view, board)  # after: a drained reserve may serve again at once
 
@@ -69,6 +70,15 @@ class ElasticScaler:
         elif (self.low_since_s is not None
               and now - self.low_since_s >= context.settings.scale_down_after_s):
             self._scale_down(view, board)
+
+    def _forget_failed_starts(self, view: ClusterView, board: RoleBoard) -> None:
+        """A reserve that failed to start is not waited for: the next scale-up may take
+        another."""
+        for i in [i for i in self.starting if i in board.failed]:
+            del self.starting[i]
+            self.events.append((view.now_s, i, "start failed",
+                                "flowkv alg1: the reserve instance did not start; "
+                                "not waited for"))
 
     def on_started(self, instance_id: int, view: ClusterView, board: RoleBoard) -> None:
         """The driver reports a started instance: it takes the role it was started for."""
