@@ -60,6 +60,7 @@ class ServeConfig:
     flowkv: FlowKVSettings = field(default_factory=FlowKVSettings)  # --policy flowkv
     rebalancer: str = ""  # "" keeps the policy's; ares | reschedule-current | none
     ares_predictor: str = "history"  # history | noisy:mae=N | hidden-state:PATH (no oracle)
+    ares_interval_s: float = 1.0  # between the ares rebalancer's rounds (Alg. 1 line 3)
     ray: RaySettings | None = None  # --ray: workers in Ray actors (live/ray_workers.py)
     device: str = "auto"  # the engines': auto (CUDA when present), cpu, cuda, cuda:N
     dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
@@ -67,7 +68,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         for name in ("instances", "prefill", "decode", "kv_cache_mib", "chunk_size_tokens",
                      "max_batch_size", "max_outstanding", "ttft_slo_s", "tpot_slo_s",
-                     "monitor_interval_s", "max_body_bytes"):
+                     "monitor_interval_s", "max_body_bytes", "ares_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"serve option {name!r} must be positive, got "
                                  f"{getattr(self, name)!r}")
@@ -148,7 +149,8 @@ def build_app(config: ServeConfig) -> FastAPI:
         chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
         flowkv=replace(config.flowkv, prefix_block_tokens=config.prefix_block_tokens or 16),
         taichi=config.taichi, rebalancer=config.rebalancer,
-        ares=AresSettings(forecast=ForecastSettings(predictor=config.ares_predictor,
+        ares=AresSettings(interval_s=config.ares_interval_s,
+                          forecast=ForecastSettings(predictor=config.ares_predictor,
                                                     seed=config.seed))))
     sharing = count if config.ray is None else max(1, round(1 / (config.ray.gpus_per_worker
                                                                  or 1)))  # workers per GPU

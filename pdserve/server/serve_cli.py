@@ -77,6 +77,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ares-predictor", default="history", help="remaining-length predictor "
                    "of the ares rebalancer: history, noisy:mae=N (around max_tokens) or "
                    "hidden-state:PATH [history]")
+    p.add_argument("--ares-interval", type=float, default=1.0,
+                   help="seconds between the ares rebalancer's rounds [1]")
     p.set_defaults(handler=_run_serve)
 
 
@@ -101,7 +103,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         chat_template=args.chat_template, max_body_bytes=args.max_body_bytes,
         prefix_block_tokens=args.prefix_block_tokens,
         taichi=settings_from_fields(args), rebalancer=args.rebalancer,
-        ares_predictor=args.ares_predictor, device=args.device, dtype=args.dtype,
+        ares_predictor=args.ares_predictor, ares_interval_s=args.ares_interval,
+        device=args.device, dtype=args.dtype,
         ray=None if args.ray is None else RaySettings(
             args.ray, cpus_per_worker=args.ray_cpus_per_worker,
             gpus_per_worker=args.ray_gpus_per_worker,
