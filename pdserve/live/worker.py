@@ -33,7 +33,6 @@ from pdserve.engine.device import EngineDevice, limit_memory
 from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
-from pdserve.engine.transfer import attach_pool
 from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import parse_phase_priority
@@ -49,7 +48,6 @@ from pdserve.live.messages import (
     Command,
     ContinueInPlace,
     Detach,
-    Detached,
     Executing,
     ExportHistory,
     ForgetPool,
@@ -62,12 +60,12 @@ from pdserve.live.messages import (
     Shutdown,
     StatsReport,
     StepDone,
-    Transferred,
     UnlockHistory,
     WorkerError,
     WorkerReady,
 )
 from pdserve.live.worker_forecast import WorkerForecast
+from pdserve.live.worker_kv import WorkerKV
 from pdserve.live.worker_sessions import WorkerSessions
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.step_log import StepLog
@@ -84,7 +82,7 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-class Worker:
+class Worker(WorkerKV):
     def __init__(self, instance_id: int, model_name: str, seed: int, num_blocks: int,
                  chunk_size_tokens: int, max_batch_size: int, connection: Connection,
                  phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
@@ -227,37 +225,14 @@ class Worker:
             self.sessions.unlock(command.session_id)
         elif isinstance(command, ContinueInPlace):
             local.continue_in_place(self.requests[command.request_id])
-        elif isinstance(command, AdoptKV):
-            handoff, session = command.handoff, command.session_id
-            if session >= 0:  # only the history that agrees with the sequence is merged
-                self.sessions.agree_with(session, handoff)
-            request = Request(handoff.request_id, 0.0, handoff.prompt_tokens,
-                              handoff.params.max_tokens,
-                              generated_tokens=len(handoff.token_ids) - handoff.prompt_tokens,
-                              session_id=session, retain_kv=session >= 0)
-            self.requests[request.request_id] = request
-            self.handoffs[request.request_id] = command
-            local.enqueue_transfer_in(request)
-        elif isinstance(command, Detach):
-            request = self.requests.get(command.request_id)
-            moved = request is not None and local.detach(request)
-            self.connection.send(Detached(self.instance_id, command.request_id,
-                                          engine.export(command.request_id) if moved else None))
-        elif isinstance(command, ReleaseKV):
-            request = self.requests.pop(command.request_id, None)
-            if request is not None:  # else cancelled meanwhile
-                local.release_handoff(request)
-                engine.release(command.request_id)
+        elif isinstance(command, AdoptKV | Detach | ReleaseKV | ForgetPool):
+            self.handle_kv(command)
         elif isinstance(command, Cancel):
             self.drop(command.request_id)
         elif isinstance(command, SetChunk):
             local.chunk_size_tokens = command.chunk_size_tokens
         elif isinstance(command, SetPriority):
             local.phase_priority = parse_phase_priority(command.priority)
-        elif isinstance(command, ForgetPool):
-            pool = self.peers.pop(command.pool_name, None)
-            if pool is not None:
-                pool.close()
         elif isinstance(command, Shutdown):
             self.running = False
 
@@ -265,30 +240,6 @@ class Worker:
         cache = self.local.prefix_cache
         if cache is not None:
             self.engine.follow_prefix_cache(*cache.take_events())
-
-    def _peer(self, pool_name: str) -> PagedKVPool:
-        if pool_name not in self.peers:
-            self.peers[pool_name] = attach_pool(pool_name, self.engine.pool)
-        return self.peers[pool_name]
-
-    def start_transfers(self) -> None:
-        admitted = self.local.admit_transfers()
-        self.follow_prefix_cache()  # admitting may evict: free those blocks first
-        for request in admitted:
-            handoff = self.handoffs.pop(request.request_id).handoff
-            try:
-                assert handoff.pool_name is not None
-                merge = self.local.transfer_reused_tokens.pop(request.request_id, 0)
-                self.engine.import_from(handoff, self._peer(handoff.pool_name),
-                                        request.session_id if merge else -1)
-            except Exception as err:  # noqa: BLE001 - e.g. the sender's pool is gone
-                self.drop(request.request_id)
-                self.connection.send(WorkerError(
-                    self.instance_id, request.request_id,
-                    f"the KV transfer failed: {describe(err)}", "server_error"))
-                continue
-            self.local.transfer_done(request)
-            self.connection.send(Transferred(self.instance_id, request.request_id))
 
     # ---- one batch ----
     def step(self) -> bool:
