@@ -30,6 +30,9 @@ workers than cores would time-share cores, which no performance model here descr
 5. Prints simulated vs live P50/P90 TTFT and TPOT with the error of each
    ((sim - live) / live, against the mean of the live repeats, with their spread); with
    `--below-knee-factor F` the same comparison again at F x the rate.
+6. "at rate + control": the in-situ models (colocated fit for colocated, per-role fit for
+   the PD policies) and the control latency calibrated at the compared rate itself (below
+   the knee: two more calibration runs there), against models calibrated at the knee only.
 
     python bench/live_fidelity.py --out docs/results/fidelity   # about 15 minutes
 """
@@ -133,13 +136,36 @@ def live_run(policy: str, slo: SLO, workload: Workload, perf_file: Path, timeout
     return summarize(requests, slo), split_ttft(client, read_timeline(log_dir))
 
 
+def calibrate(rate: float, base: Workload, args: argparse.Namespace, slo: SLO,
+              perf_file: Path, perf: PerfModel, tag: str
+              ) -> tuple[PerfModel, PerfModel, dict[str, float]]:
+    """In-situ models at `rate` (step 3): a colocated and a 1P1D live run on the next
+    `--duration` seconds; (colocated fit, per-role fit, the control plane's split)."""
+    calibration = base.scaled(rate).window(args.duration, args.duration)
+    timeout_s = args.duration + 180
+    _, split = live_run("colocated", slo, calibration, perf_file, timeout_s,
+                        args.out / f"step-logs{tag}")
+    in_situ = fit_step_log(args.out / f"step-logs{tag}", perf)
+    control = describe_split(split)
+    live_run("static-pd", slo, calibration, perf_file, timeout_s,
+             args.out / f"step-logs-pd{tag}")
+    pd_model = fit_step_log_by_role(args.out / f"step-logs-pd{tag}", perf, 0, 1)
+    for name, model in ((f"in-situ{tag}", in_situ), (f"in-situ-pd{tag}", pd_model)):
+        model.save(args.out / f"tiny-profile-{name}.json")
+    print(f"in-situ at rate {rate}: colocated fit R2 {in_situ.prefill.r2:.3f}; per-role fit "
+          f"prefill R2 {pd_model.prefill.r2:.3f}, decode R2 {pd_model.decode.r2:.3f}; "
+          f"control plane {control}", flush=True)
+    return in_situ, pd_model, control
+
+
 def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace, slo: SLO,
             perf_file: Path, perfs: dict[str, PerfModel], pd_model: PerfModel,
-            control_latency_s: float) -> dict[str, object]:
+            control_latency_s: float,
+            at_rate: tuple[PerfModel, PerfModel, float]) -> dict[str, object]:
     """Live repeats and simulations of every policy at `rate`; prints the table."""
     workload = base.scaled(rate).window(0.0, args.duration)
     print(f"rate scale {rate}: {len(workload)} requests over {workload.span_s:.0f}s")
-    models = [*perfs, "per role", "per role + control"]
+    models = [*perfs, "per role", "per role + control", "at rate + control"]
     report: dict[str, object] = {"rate_scale": rate, "requests": len(workload),
                                  "control_latency_s": control_latency_s, "policies": {}}
     header = f"{'policy':<11}{'stat':<12}{'live mean':>10}{'live min..max':>17}"
@@ -160,6 +186,9 @@ def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace,
         sims["per role"] = stats_of(simulate(policy, slo, workload, role_model))
         sims["per role + control"] = stats_of(simulate(policy, slo, workload, role_model,
                                                        control_latency_s))
+        rate_model = at_rate[0] if policy == "colocated" else at_rate[1]
+        sims["at rate + control"] = stats_of(simulate(policy, slo, workload, rate_model,
+                                                      at_rate[2]))
         report["policies"][policy] = {"live": live_runs,  # type: ignore[index]
                                       "ttft_split": splits, "sim": sims}
         for stat in STATS:
@@ -208,32 +237,25 @@ def main() -> None:
     rate = args.rate_scale or pick_rate(base, args.duration, slo, perf, args.queueing_factor)
     print(f"rate scale {rate}; SLOs TTFT {slo.ttft_s:.3f}s, TPOT {slo.tpot_s:.4f}s")
 
-    calibration = base.scaled(rate).window(args.duration, args.duration)
-    timeout_s = args.duration + 180
-    _, split = live_run("colocated", slo, calibration, profiles["contended"], timeout_s,
-                        args.out / "step-logs")
-    in_situ = fit_step_log(args.out / "step-logs", perf)
-    control = describe_split(split)
+    in_situ, pd_model, control = calibrate(rate, base, args, slo, profiles["contended"],
+                                            perf, "")
     control_latency_s = control["control_p50_s"]
-    live_run("static-pd", slo, calibration, profiles["contended"], timeout_s,
-             args.out / "step-logs-pd")
-    pd_model = fit_step_log_by_role(args.out / "step-logs-pd", perf, 0, 1)
-    for name, model in (("in-situ", in_situ), ("in-situ-pd", pd_model)):
-        model.save(args.out / f"tiny-profile-{name}.json")
     perfs["in-situ"] = in_situ
-    print(f"in-situ: colocated fit R2 {in_situ.prefill.r2:.3f}; per-role fit prefill R2 "
-          f"{pd_model.prefill.r2:.3f}, decode R2 {pd_model.decode.r2:.3f}; control plane "
-          f"{control}", flush=True)
 
     report: dict[str, object] = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
                                  "calibration_ttft_split": control}
     report["at_knee"] = compare(rate, args.repeats, base, args, slo, profiles["contended"], perfs,
-                                pd_model, control_latency_s)
+                                pd_model, control_latency_s,
+                                (in_situ, pd_model, control_latency_s))
     if args.below_knee_factor:
-        report["below_knee"] = compare(round(rate * args.below_knee_factor, 3),
-                                       args.below_repeats, base, args, slo,
+        below = round(rate * args.below_knee_factor, 3)
+        in_situ_below, pd_below, control_below = calibrate(
+            below, base, args, slo, profiles["contended"], perf, "-below")
+        report["below_knee"] = compare(below, args.below_repeats, base, args, slo,
                                        profiles["contended"], perfs, pd_model,
-                                       control_latency_s)
+                                       control_latency_s,
+                                       (in_situ_below, pd_below,
+                                        control_below["control_p50_s"]))
     (args.out / "live_fidelity.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"total {time.perf_counter() - started:.0f}s; wrote {args.out}/")
 
