@@ -34,7 +34,8 @@ workers than cores would time-share cores, which no performance model here descr
    the PD policies) and the control latency calibrated at the compared rate itself (below
    the knee: two more calibration runs there), against models calibrated at the knee only.
 
-    python bench/live_fidelity.py --out docs/results/fidelity   # about 15 minutes
+    python bench/live_fidelity.py --out docs/results/fidelity   # about 15 minutes (23 with
+    # --below-knee-factor 0.5: two more calibration runs and 6 more live runs)
 """
 
 from __future__ import annotations
