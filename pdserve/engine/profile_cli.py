@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pdserve.engine.device_args import add_device_arguments
+
 
 def add_profile_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -24,11 +26,7 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--contention", type=int, default=0,
                    help="other engine processes decoding during the measurement; use the "
                    "deployment's instances - 1 to include its CPU sharing [0]")
-    p.add_argument("--device", default="cpu", help="the engine's device: cpu, cuda, cuda:N "
-                   "or auto [cpu]")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16",
-                                                       "bfloat16"],
-                   help="weights and KV (auto: float32 on the CPU, bfloat16 on a GPU) [auto]")
+    add_device_arguments(p, "cpu")
     p.set_defaults(handler=_run_profile)
 
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from pdserve.engine.device_args import add_device_arguments
 from pdserve.live.ray_cluster import KV_TRANSPORTS, RaySettings
 from pdserve.policies.presets import PRESETS
 from pdserve.policies.taichi.settings import add_taichi_arguments, settings_from_fields
@@ -55,12 +56,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tpot-slo", type=float, default=0.2, help="seconds [0.2]")
     p.add_argument("--perf-model", default="", help="a `pdserve profile` file (default: a "
                    "quick profile at start)")
-    p.add_argument("--device", default="auto", help="the engines' device: auto (CUDA when "
-                   "torch sees a GPU), cpu, cuda, cuda:N; workers on one GPU share its memory "
-                   "[auto]")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16",
-                                                       "bfloat16"],
-                   help="weights and KV: auto is bfloat16 on a GPU, float32 on the CPU [auto]")
+    add_device_arguments(p, "auto", "; workers on one GPU share its memory")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="host the workers in Ray actors: on the cluster at ADDRESS, or "
                    "without one on a local Ray instance on 127.0.0.1 (pip install "
