@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,3 +35,13 @@ def running_server(tmp_dir: Path, **options) -> Iterator[tuple[str, object]]:
     finally:
         server.should_exit = True
         thread.join(60)
+
+
+def wait_until(condition, timeout_s: float, poll_s: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
+    """Poll `condition` until it holds (True) or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll_s)
+    return False

@@ -5,11 +5,10 @@ predictor is exact around `max_tokens` for requests that ignore EOS (as these do
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import torch
-from server_helpers import running_server
+from server_helpers import running_server, wait_until
 
 from pdserve.engine.engine import Engine
 from pdserve.engine.loader import load_model
@@ -42,15 +41,6 @@ def complete(base: str, prompt: str, max_tokens: int, out: dict, key: str) -> No
     out[key] = response.json()
 
 
-def wait_for(condition, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_ares_migrates_a_decode_mid_stream_with_identical_text(tmp_path) -> None:
     # rounds every 0.2 s: the long runs last a second or two on the tiny model, and a
     # single round at 1 s could fall before their forecasts arrive (no candidates)
@@ -65,9 +55,9 @@ def test_ares_migrates_a_decode_mid_stream_with_identical_text(tmp_path) -> None
         # forecast shows will carry all the load
         short_run = threading.Thread(target=complete, args=(base, LONG_PROMPT, 100, out, "a"))
         short_run.start()
-        assert wait_for(lambda: any(live.request.decode_instance in (1, 2)
+        assert wait_until(lambda: any(live.request.decode_instance in (1, 2)
                                     and live.tokens_sent > 2
-                                    for live in driver.live.values()))
+                                    for live in driver.live.values()), 60)
         long_runs = [threading.Thread(target=complete,
                                       args=(base, f"{SHORT_PROMPT} {k}", TOKENS, out, f"b{k}"))
                      for k in range(2)]

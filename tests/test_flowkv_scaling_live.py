@@ -3,11 +3,10 @@ started until the policy scales up, then serves, and is stopped again once drain
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from server_helpers import running_server
+from server_helpers import running_server, wait_until
 from test_server import PROMPT, local_greedy
 
 from pdserve.live.processes import WorkerState
@@ -19,15 +18,6 @@ EAGER = FlowKVSettings(low_prefill=0.02, low_decode=0.02, high_prefill=0.05,
                        high_decode=0.05, hysteresis=0.005, confirm_ticks=1, window_s=0.5,
                        scale_up_after_s=0.0, scale_cooldown_s=1.0, scale_down_below=0.01,
                        scale_down_after_s=1.0)
-
-
-def _wait(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_reserve_worker_starts_on_scale_up_serves_and_stops_when_drained(tmp_path):
@@ -58,7 +48,7 @@ def test_reserve_worker_starts_on_scale_up_serves_and_stops_when_drained(tmp_pat
         assert set(texts) == {local_greedy(PROMPT * 4, 24)}  # same text on every instance
         assert driver.metrics.counters["workers_started"] == 1
         # idle: scaled down after scale_down_after_s, drained, its worker stopped
-        assert _wait(lambda: workers.states[2] is WorkerState.STOPPED, 30)
+        assert wait_until(lambda: workers.states[2] is WorkerState.STOPPED, 30)
         assert driver.scheduler.roles[2] is Role.RESERVE
         assert complete(0) == local_greedy(PROMPT * 4, 24)  # the others still serve
         assert driver.metrics.counters.get("worker_failures", 0) == 0
