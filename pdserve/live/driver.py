@@ -4,8 +4,9 @@ Worker messages arrive on the event loop (`add_reader` on each connection). The 
 turns them into scheduler events (`PrefillDone`, `Finished`, `Tick`, `InstanceFailed`),
 applies the actions it gets back by sending commands to workers, and streams each
 request's text to its HTTP handler through an asyncio queue. The scheduler's view holds each
-worker's latest `InstanceStats`; a dispatch also bumps the target's snapshot at once, so
-a burst between two reports does not all land on one instance.
+worker's latest `InstanceStats` plus the dispatches sent to it that it had not received
+when it took that snapshot (`dispatch_ledger.py`), so a burst between two reports does not
+all land on one instance, and a report does not erase a dispatch still in the pipe.
 
 Faults (`failover.py` holds the rules): a request that fails on a worker fails alone
 (`WorkerError`). A worker that exits is reported to the scheduler (`InstanceFailed`), its
@@ -47,7 +48,9 @@ from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.prefix_cache import chain_hashes
+from pdserve.instance.stats import InstanceStats
 from pdserve.live import status
+from pdserve.live.dispatch_ledger import DispatchLedger
 from pdserve.live.failover import Failover
 from pdserve.live.lifecycle import WorkerLifecycle
 from pdserve.live.messages import (
@@ -77,7 +80,7 @@ from pdserve.live.sessions import HistoryReads, LiveSessions
 from pdserve.live.timeline import RequestTimeline
 from pdserve.live.token_stream import TokenStreams
 from pdserve.policies.base import Policy
-from pdserve.types import Request, attn_units
+from pdserve.types import Request
 
 __all__ = ["LiveDriver", "LiveRequest", "Overloaded"]
 log = logging.getLogger("pdserve.live")
@@ -95,6 +98,7 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         self.max_outstanding = max_outstanding
         self.metrics = ServerMetrics()
         self.view = ClusterView(0.0, [])
+        self.ledger = DispatchLedger()  # dispatches in flight to each worker
         self.live: dict[int, LiveRequest] = {}  # by current attempt id
         self._pending_handoffs: dict[int, KVHandoff] = {}  # prefilled, awaiting a decode target
         self._migration_targets: dict[int, int] = {}  # detach asked: request -> target
@@ -125,6 +129,8 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         stopped = {a.instance_id for a in initial if isinstance(a, StopInstance)}
         self.view.instances = await self.workers.start(self._on_message, self._on_exit,
                                                        self._on_ready, stopped)
+        for i, stats in enumerate(self.view.instances):
+            self.set_load(i, stats)  # type: ignore[arg-type]
         self._apply([a for a in initial if not isinstance(a, StopInstance)])
         self._tick_task = asyncio.create_task(self._ticks())
 
@@ -181,7 +187,7 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         """Forget the current attempt here and on every instance holding it."""
         rid = live.request.request_id
         for instance in self._holders(live) - {except_instance}:
-            self._send(instance, Cancel(rid))
+            self.send(instance, Cancel(rid))
         self.live.pop(rid, None)
         self.history.forget(rid)
         self._pending_handoffs.pop(rid, None)
@@ -200,9 +206,8 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
                 if live is None:
                     continue
                 live.request.prefill_instance = action.instance_id
-                self._bump_prefill(action.instance_id, live)
                 if not self.history.read_first(live, action.instance_id):
-                    self._send(action.instance_id, self.history.add_request(live))
+                    self.send(action.instance_id, self.history.add_request(live))
             elif isinstance(action, DispatchDecode):
                 self._dispatch_decode(action)
             elif isinstance(action, Reject):
@@ -224,11 +229,11 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
                 log.info("instance %d -> %s: %s", action.instance_id, action.role.value,
                          action.reason)
             elif isinstance(action, SetChunkSize):
-                self._send(action.instance_id, SetChunk(action.chunk_size_tokens))
+                self.send(action.instance_id, SetChunk(action.chunk_size_tokens))
             elif isinstance(action, SetPhasePriority):
                 log.info("instance %d serves %s first: %s", action.instance_id,
                          action.priority.value, action.reason)
-                self._send(action.instance_id, SetPriority(action.priority.value))
+                self.send(action.instance_id, SetPriority(action.priority.value))
             elif isinstance(action, Migrate):
                 if action.request.request_id in self.live:
                     if action.reason:
@@ -236,19 +241,11 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
                                  action.request.request_id, action.source_id,
                                  action.target_id, action.reason)
                     self._migration_targets[action.request.request_id] = action.target_id
-                    self._send(action.source_id, Detach(action.request.request_id))
+                    self.send(action.source_id, Detach(action.request.request_id))
             elif isinstance(action, StartInstance | StopInstance):
                 self._apply_lifecycle(action)
             else:
                 raise ValueError(f"the live driver cannot apply {type(action).__name__}")
-
-    def _bump_prefill(self, instance: int, live: LiveRequest) -> None:
-        stats = self.view.instances[instance]
-        n = len(live.prompt_ids) + len(live.token_ids)
-        self.view.instances[instance] = replace(  # type: ignore[index]
-            stats, prefill_queue_len=stats.prefill_queue_len + 1,
-            prefill_queue_tokens=stats.prefill_queue_tokens + n,
-            prefill_queue_attn_units=stats.prefill_queue_attn_units + attn_units(n, 0))
 
     def _dispatch_decode(self, action: DispatchDecode) -> None:
         live = self.live.get(action.request.request_id)
@@ -258,20 +255,16 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         live.request.decode_instance = action.target_id
         if action.target_id == action.source_id:
             live.request.decode_in_place()
-            self._send(action.source_id, ContinueInPlace(action.request.request_id))
+            self.send(action.source_id, ContinueInPlace(action.request.request_id))
         else:
             self.metrics.count("transfers")
             self._move(pending, action.source_id, action.target_id)
 
     def _move(self, handoff: KVHandoff, source: int, target: int) -> None:
         """Send a sequence's hand-off to `target`; `source` frees it once it is copied."""
-        stats = self.view.instances[target]
-        self.view.instances[target] = replace(  # type: ignore[index]
-            stats, decode_queue_len=stats.decode_queue_len + 1,
-            decode_queue_tokens=stats.decode_queue_tokens + len(handoff.token_ids))
         self._transfer_sources[handoff.request_id] = source
         live = self.live.get(handoff.request_id)
-        self._send(target, AdoptKV(handoff, live.request.session_id if live else -1))
+        self.send(target, AdoptKV(handoff, live.request.session_id if live else -1))
 
     def migrate(self, request_id: int, target: int) -> None:
         """Move a running decode to `target` (an operator's or a test's request; policies
@@ -280,13 +273,21 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         if live is not None and live.request.decode_instance >= 0:
             self._apply([Migrate(live.request, live.request.decode_instance, target)])
 
-    def _send(self, instance: int, command: Command) -> None:
+    def send(self, instance: int, command: Command) -> None:
+        """Every command to a worker goes through here: the view counts a dispatch at once."""
+        if self.ledger.sent(instance, command):
+            self.view.instances[instance] = self.ledger.view(instance)  # type: ignore[index]
         self.workers.send(instance, command)
+
+    def set_load(self, instance: int, stats: InstanceStats) -> None:
+        """A worker exited, stopped or (re)started: `stats` is its load, nothing in flight."""
+        self.view.instances[instance] = self.ledger.reset(instance, stats)  # type: ignore[index]
 
     # ---- worker messages ----
     def _on_message(self, message: object) -> None:
         if isinstance(message, StepDone):
-            self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
+            self.view.instances[message.instance_id] = self.ledger.reported(  # type: ignore[index]
+                message.instance_id, message.stats, message.dispatches_received)
             self.engine_counters[message.instance_id] = (message.prefill_tokens_total,
                                                          message.reused_tokens_total)
             self._batch_end_s = message.sent_s
@@ -295,11 +296,12 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         elif isinstance(message, Executing):
             self._executing[message.instance_id] = message.request_ids
         elif isinstance(message, StatsReport):
-            self.view.instances[message.instance_id] = message.stats  # type: ignore[index]
+            self.view.instances[message.instance_id] = self.ledger.reported(  # type: ignore[index]
+                message.instance_id, message.stats, message.dispatches_received)
         elif isinstance(message, Prefilled):
             live = self.live.get(message.handoff.request_id)
             if live is None:  # cancelled meanwhile
-                self._send(message.instance_id, Cancel(message.handoff.request_id))
+                self.send(message.instance_id, Cancel(message.handoff.request_id))
                 return
             self._pending_handoffs[message.handoff.request_id] = message.handoff
             self._handle(PrefillDone(live.request, message.instance_id))
@@ -310,7 +312,7 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         elif isinstance(message, Transferred):
             source = self._transfer_sources.pop(message.request_id, -1)
             if source >= 0:
-                self._send(source, ReleaseKV(message.request_id))
+                self.send(source, ReleaseKV(message.request_id))
         elif isinstance(message, WorkerError):
             live = self.live.get(message.request_id)
             if live is not None:
@@ -325,9 +327,9 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         if message.handoff is None:
             return
         if live is None:  # cancelled meanwhile: drop it there
-            self._send(message.instance_id, Cancel(message.request_id))
+            self.send(message.instance_id, Cancel(message.request_id))
         elif target < 0 or target in self.workers.exited:  # the target died: stay here
-            self._send(message.instance_id, ContinueInPlace(message.request_id))
+            self.send(message.instance_id, ContinueInPlace(message.request_id))
         else:
             self.metrics.count("migrations")
             live.request.decode_instance = target

@@ -82,8 +82,8 @@ class Failover:
         self._starting.discard(instance)  # a scale-up whose worker never came up
         batch = self._executing.pop(instance, frozenset())
         total_blocks = self.view.instances[instance].total_blocks
-        self.view.instances[instance] = InstanceStats.empty(  # type: ignore[index]
-            instance, total_blocks)  # its work is gone: policies must not count it
+        # its work is gone: policies must not count it
+        self.set_load(instance, InstanceStats.empty(instance, total_blocks))
         self._handle(InstanceFailed(instance))
         self.history.source_lost(instance)
         self.sessions.instance_lost(instance)

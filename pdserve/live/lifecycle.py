@@ -42,8 +42,7 @@ class WorkerLifecycle:
             self.metrics.count("workers_stopped")
             self._starting.discard(i)
             self.workers.stop_worker(i)
-            self.view.instances[i] = InstanceStats.empty(  # type: ignore[index]
-                i, self.view.instances[i].total_blocks)
+            self.set_load(i, InstanceStats.empty(i, self.view.instances[i].total_blocks))
         else:
             log.info("instance %d: starting its worker: %s", i, action.reason)
             self.metrics.count("workers_started")
@@ -53,7 +52,7 @@ class WorkerLifecycle:
     def _on_ready(self: LiveDriver, instance: int, stats: InstanceStats,
                   pool_name: str) -> None:
         """A started or restarted worker is up, empty: the scheduler may use it."""
-        self.view.instances[instance] = stats  # type: ignore[index]
+        self.set_load(instance, stats)
         if instance in self._starting:
             self._starting.discard(instance)
             log.info("worker %d started (pid %d)", instance, self.workers.pid(instance))

@@ -123,6 +123,8 @@ class StepDone:
     prefill_tokens_total: int = 0
     reused_tokens_total: int = 0
     sent_s: float = 0.0  # time.monotonic() when the worker sent it (the batch's end)
+    # AddRequest and AdoptKV commands handled before `stats` was taken (dispatch_ledger.py)
+    dispatches_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,7 @@ class StatsReport:
 
     instance_id: int
     stats: InstanceStats
+    dispatches_received: int = 0  # as in StepDone
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ class HistoryReads:
                 or home == prefill_instance or home in self.driver.failed):
             return False
         self._waiting[request.request_id] = prefill_instance
-        self.driver.workers.send(home, ExportHistory(request.request_id, request.session_id))
+        self.driver.send(home, ExportHistory(request.request_id, request.session_id))
         return True
 
     def on_message(self, message: HistoryExported | HistoryCopied) -> None:
@@ -133,7 +133,7 @@ class HistoryReads:
         if target is None or live is None:
             self._unlock(rid)
             return
-        self.driver.workers.send(target, self.add_request(live, message.history))
+        self.driver.send(target, self.add_request(live, message.history))
 
     def source_lost(self, instance: int) -> None:
         """The worker keeping some histories died: their prefills go without them."""
@@ -141,7 +141,7 @@ class HistoryReads:
             live = self.driver.live.get(rid)
             if live is not None and live.request.home_instance == instance:
                 del self._waiting[rid]
-                self.driver.workers.send(target, self.add_request(live))
+                self.driver.send(target, self.add_request(live))
 
     def forget(self, request_id: int) -> None:
         self._waiting.pop(request_id, None)
@@ -150,4 +150,4 @@ class HistoryReads:
     def _unlock(self, request_id: int) -> None:
         instance, session = self._locked.pop(request_id, (-1, -1))
         if instance >= 0:
-            self.driver.workers.send(instance, UnlockHistory(session))
+            self.driver.send(instance, UnlockHistory(session))

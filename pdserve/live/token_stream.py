@@ -71,7 +71,7 @@ class TokenStreams:
         self.metrics.count("completions")
         self.live.pop(request.request_id, None)
         if not worker_reason:
-            self._send(instance, Cancel(request.request_id))
+            self.send(instance, Cancel(request.request_id))
         live.events.put_nowait(("done", reason))
         if request.session_id >= 0:
             self.sessions.finished(request, instance)

@@ -40,6 +40,7 @@ from pdserve.instance.prefix_cache import PrefixCache, chain_hashes
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder, bind_order
 from pdserve.instance.stats import InstanceStats
 from pdserve.live.batch_guard import describe, run_guarded
+from pdserve.live.dispatch_ledger import is_dispatch
 from pdserve.live.faults import exit_at_start_from_env, install_from_env
 from pdserve.live.messages import (
     AddRequest,
@@ -126,6 +127,8 @@ class Worker(WorkerKV):
         self._executing: frozenset[int] = frozenset()
         self._reported: InstanceStats | None = None
         self._reported_at = 0.0
+        self.dispatches_received = 0  # AddRequest/AdoptKV handled (live/dispatch_ledger.py)
+        self._acknowledged = 0  # the count the last report carried
         self.forecast = WorkerForecast.build(decode_forecast, self.engine, self.local)
 
     def stats(self) -> InstanceStats:
@@ -156,16 +159,21 @@ class Worker(WorkerKV):
             self.engine.pool.close()
 
     def report_if_changed(self) -> None:
-        """While idle: report the load when it changed, and at least every IDLE_REPORT_S
-        (the driver's view may hold its own estimate since: a dispatch it bumped)."""
+        """While idle: report the load when it changed or a dispatch arrived (one that failed
+        changes no load, but the driver counts it in flight until told), and at least every
+        IDLE_REPORT_S."""
         stats, now = self.stats(), time.monotonic()
-        if stats != self._reported or now - self._reported_at >= IDLE_REPORT_S:
+        if (stats != self._reported or self.dispatches_received != self._acknowledged
+                or now - self._reported_at >= IDLE_REPORT_S):
             self._reported, self._reported_at = stats, now
-            self.connection.send(StatsReport(self.instance_id, stats))
+            self._acknowledged = self.dispatches_received
+            self.connection.send(StatsReport(self.instance_id, stats, self._acknowledged))
 
     # ---- commands ----
     def handle_safely(self, command: Command) -> None:
         """`handle`, failing the command's request (not the worker) if it raises."""
+        if is_dispatch(command):  # counted even if it fails: its load is not queued here
+            self.dispatches_received += 1
         try:
             self.handle(command)
         except Exception as err:  # noqa: BLE001 - one request's failure, not the worker's
@@ -274,9 +282,11 @@ class Worker(WorkerKV):
         tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob)
                        for o in outputs)
         self._reported, self._reported_at = self.stats(), time.monotonic()  # as sent
+        self._acknowledged = self.dispatches_received
         self.connection.send(StepDone(self.instance_id, tokens, self._reported,
                                       self.engine.prefill_tokens_total,
-                                      self.engine.reused_tokens_total, self._reported_at))
+                                      self.engine.reused_tokens_total, self._reported_at,
+                                      self._acknowledged))
         for request_id, (kind, message) in failures.items():
             self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
         for request in result.prefilled:
