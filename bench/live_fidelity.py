@@ -33,6 +33,11 @@ workers than cores would time-share cores, which no performance model here descr
 6. "at rate + control": the in-situ models (colocated fit for colocated, per-role fit for
    the PD policies) and the control latency calibrated at the compared rate itself (below
    the knee: two more calibration runs there), against models calibrated at the knee only.
+   Every batch at its mean, every request the median control latency.
+7. "at rate + spread": the same models with the spread measured in the same calibration
+   runs: each prefill batch drawn around its mean with the logged periods' coefficient of
+   variation (`PerfModel.prefill_step_cv`, `sim/step_noise.py`), each request's control
+   latency drawn with the measured median and P90 (`SimConfig.control_latency_p90_s`).
 
     python bench/live_fidelity.py --out docs/results/fidelity   # about 15 minutes (23 with
     # --below-knee-factor 0.5: two more calibration runs and 6 more live runs)
@@ -43,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -73,18 +79,25 @@ def stats_of(summary: Summary) -> dict[str, float]:
             "requests": summary.requests}
 
 
-def sim_config(policy: str, slo: SLO, control_latency_s: float = 0.0) -> SimConfig:
+def sim_config(policy: str, slo: SLO, control_latency_s: float = 0.0,
+               control_latency_p90_s: float = 0.0) -> SimConfig:
     prefill, decode = POLICIES[policy]
     return SimConfig(policy=policy, instances=INSTANCES, prefill=prefill, decode=decode,
                      chunk_size_tokens=CHUNK, max_batch_size=MAX_BATCH, ttft_slo_s=slo.ttft_s,
                      tpot_slo_s=slo.tpot_s, monitor_interval_s=0.5,
-                     control_latency_s=control_latency_s)
+                     control_latency_s=control_latency_s,
+                     control_latency_p90_s=control_latency_p90_s)
 
 
 def simulate(policy: str, slo: SLO, workload: Workload, perf: PerfModel,
-             control_latency_s: float = 0.0) -> Summary:
-    experiment = Experiment(sim_config(policy, slo, control_latency_s), workload, perf)
-    return summarize(experiment.simulate(1.0).requests, slo)
+             control_latency_s: float = 0.0, control_latency_p90_s: float = 0.0,
+             spread: bool = False) -> Summary:
+    """`spread`: keep the model's measured batch-time spread (else every batch at its mean)
+    and draw each request's control latency (median, P90) rather than add the median."""
+    if not spread:
+        perf, control_latency_p90_s = replace(perf, prefill_step_cv=0.0), 0.0
+    config = sim_config(policy, slo, control_latency_s, control_latency_p90_s)
+    return summarize(Experiment(config, workload, perf).simulate(1.0).requests, slo)
 
 
 def describe_split(split: dict[str, list[float]]) -> dict[str, float]:
@@ -153,20 +166,22 @@ def calibrate(rate: float, base: Workload, args: argparse.Namespace, slo: SLO,
     pd_model = fit_step_log_by_role(args.out / f"step-logs-pd{tag}", perf, 0, 1)
     for name, model in ((f"in-situ{tag}", in_situ), (f"in-situ-pd{tag}", pd_model)):
         model.save(args.out / f"tiny-profile-{name}.json")
-    print(f"in-situ at rate {rate}: colocated fit R2 {in_situ.prefill.r2:.3f}; per-role fit "
-          f"prefill R2 {pd_model.prefill.r2:.3f}, decode R2 {pd_model.decode.r2:.3f}; "
-          f"control plane {control}", flush=True)
+    print(f"in-situ at rate {rate}: colocated fit R2 {in_situ.prefill.r2:.3f}, prefill "
+          f"batch spread (CV) {in_situ.prefill_step_cv:.3f}; per-role fit prefill R2 "
+          f"{pd_model.prefill.r2:.3f} (CV {pd_model.prefill_step_cv:.3f}), decode R2 "
+          f"{pd_model.decode.r2:.3f}; control plane {control}", flush=True)
     return in_situ, pd_model, control
 
 
 def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace, slo: SLO,
             perf_file: Path, perfs: dict[str, PerfModel], pd_model: PerfModel,
             control_latency_s: float,
-            at_rate: tuple[PerfModel, PerfModel, float]) -> dict[str, object]:
+            at_rate: tuple[PerfModel, PerfModel, dict[str, float]]) -> dict[str, object]:
     """Live repeats and simulations of every policy at `rate`; prints the table."""
     workload = base.scaled(rate).window(0.0, args.duration)
     print(f"rate scale {rate}: {len(workload)} requests over {workload.span_s:.0f}s")
-    models = [*perfs, "per role", "per role + control", "at rate + control"]
+    models = [*perfs, "per role", "per role + control", "at rate + control",
+              "at rate + spread"]
     report: dict[str, object] = {"rate_scale": rate, "requests": len(workload),
                                  "control_latency_s": control_latency_s, "policies": {}}
     header = f"{'policy':<11}{'stat':<12}{'live mean':>10}{'live min..max':>17}"
@@ -188,8 +203,12 @@ def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace,
         sims["per role + control"] = stats_of(simulate(policy, slo, workload, role_model,
                                                        control_latency_s))
         rate_model = at_rate[0] if policy == "colocated" else at_rate[1]
+        control = at_rate[2]
         sims["at rate + control"] = stats_of(simulate(policy, slo, workload, rate_model,
-                                                      at_rate[2]))
+                                                      control["control_p50_s"]))
+        sims["at rate + spread"] = stats_of(simulate(
+            policy, slo, workload, rate_model, control["control_p50_s"],
+            control["control_p90_s"], spread=True))
         report["policies"][policy] = {"live": live_runs,  # type: ignore[index]
                                       "ttft_split": splits, "sim": sims}
         for stat in STATS:
@@ -246,8 +265,7 @@ def main() -> None:
     report: dict[str, object] = {"slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
                                  "calibration_ttft_split": control}
     report["at_knee"] = compare(rate, args.repeats, base, args, slo, profiles["contended"], perfs,
-                                pd_model, control_latency_s,
-                                (in_situ, pd_model, control_latency_s))
+                                pd_model, control_latency_s, (in_situ, pd_model, control))
     if args.below_knee_factor:
         below = round(rate * args.below_knee_factor, 3)
         in_situ_below, pd_below, control_below = calibrate(
@@ -255,8 +273,7 @@ def main() -> None:
         report["below_knee"] = compare(below, args.below_repeats, base, args, slo,
                                        profiles["contended"], perfs, pd_model,
                                        control_latency_s,
-                                       (in_situ_below, pd_below,
-                                        control_below["control_p50_s"]))
+                                       (in_situ_below, pd_below, control_below))
     (args.out / "live_fidelity.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"total {time.perf_counter() - started:.0f}s; wrote {args.out}/")
 

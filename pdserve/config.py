@@ -70,6 +70,9 @@ class SimConfig:
     # the control plane's latency per request (client -> instance plus token -> client),
     # added to every output time; 0 for GPU clusters, measured live by bench/live_fidelity.py
     control_latency_s: float = 0.0
+    # its spread: 0 adds control_latency_s to every request; above it, each request draws
+    # its own latency from a lognormal with median control_latency_s and this P90
+    control_latency_p90_s: float = 0.0
     monitor_interval_s: float = 1.0
     monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
     arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
@@ -116,6 +119,11 @@ class SimConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"config field {name!r} must not be negative, got "
                                  f"{getattr(self, name)!r}")
+        if self.control_latency_p90_s and not (
+                self.control_latency_p90_s >= self.control_latency_s > 0):
+            raise ValueError(f"config field 'control_latency_p90_s' must be 0 or at least "
+                             f"control_latency_s > 0, got {self.control_latency_p90_s!r} with "
+                             f"control_latency_s {self.control_latency_s!r}")
         if isinstance(self.instances, str):
             try:
                 parse_instances(self.instances)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -139,19 +140,29 @@ class Request:
         return not math.isnan(self.finish_s)
 
 
-def add_control_latency(requests: Iterable[Request], latency_s: float) -> None:
+Z_P90 = 1.2815515655446004  # the standard normal's 90th percentile
+
+
+def add_control_latency(requests: Iterable[Request], latency_s: float, p90_s: float = 0.0,
+                        seed: int = 0) -> None:
     """What the client sees: each request reached its instance `latency_s` late in total
     (HTTP, tokenizing, the driver, pipes, streaming back), so every output time moves by it;
     TPOT and ITL do not change. A constant shift of arrivals leaves queueing as it was, so
     adding it after a run equals simulating it (except for session rounds, which chain on
-    the simulated finish)."""
+    the simulated finish). With `p90_s` above `latency_s`, each request draws its own
+    latency (seeded) from a lognormal with median `latency_s` and P90 `p90_s`, as measured
+    live; the arrival side of it (a few ms) would reorder arrivals slightly, which adding it
+    after the run leaves out."""
     if not latency_s:
         return
+    rng = random.Random(seed)
+    sigma = math.log(p90_s / latency_s) / Z_P90 if p90_s > latency_s else 0.0
     for request in requests:
-        request.first_token_s += latency_s
-        request.finish_s += latency_s
-        request.decode_first_token_s += latency_s
-        request.last_token_s += latency_s
+        shift_s = rng.lognormvariate(math.log(latency_s), sigma) if sigma else latency_s
+        request.first_token_s += shift_s
+        request.finish_s += shift_s
+        request.decode_first_token_s += shift_s
+        request.last_token_s += shift_s
 
 
 def record_decode_tokens(requests: Iterable[Request], first_s: float, last_s: float,

@@ -124,8 +124,11 @@ def fit_steps(samples: Sequence[tuple[float, float, float, float, float]]
               ) -> tuple[PrefillCoeffs, DecodeCoeffs]:
     """Fit prefill and decode together from whole batches as an engine ran them:
     (decodes, decode_context_tokens, prefill_tokens, prefill_attn_units, seconds) per batch,
-    mixed batches included. One intercept is shared (a batch pays one step overhead, as
-    `PerfModel.batch_time_s` prices a mixed batch), so both returned intercepts are it.
+    mixed batches included. A batch pays one step overhead, the decode intercept; a batch
+    with prefill work pays a non-negative extra on top (the prefill path's own set-up: a
+    few-token leftover chunk cost 2.2 ms more than a decode step in the fidelity runs), so
+    the prefill intercept is the decode one plus that extra, which is what
+    `PerfModel.batch_time_s` charges a mixed batch.
 
     Unlike the profile fits, this one minimises absolute errors: logged periods in a
     deployment carry interference that only ever adds time (right-skewed noise), and the
@@ -139,16 +142,19 @@ def fit_steps(samples: Sequence[tuple[float, float, float, float, float]]
     if len(data) < 6:
         raise ValueError(f"need at least 6 steps to fit, got {len(data)}")
     batch, context, tokens, units, seconds = data.T
-    batch1 = (batch == 1).astype(float)
     columns = [np.ones_like(batch), batch, context, tokens, units]
-    free: frozenset[int] = frozenset()
-    if 0 < batch1.sum() < len(batch):
-        columns.append(batch1)
-        free = frozenset({5})
+    optional = {"batch1": (batch == 1).astype(float), "prefill": (tokens > 0).astype(float)}
+    index: dict[str, int] = {}
+    for name, column in optional.items():
+        if 0 < column.sum() < len(batch):  # identifiable only beside rows without it
+            index[name] = len(columns)
+            columns.append(column)
+    free = frozenset({index["batch1"]}) if "batch1" in index else frozenset()
     coeffs, r2 = _least_squares(columns, seconds, free=free, relative=False)
-    extra = float(coeffs[5]) if free else 0.0
+    extra = float(coeffs[index["batch1"]]) if "batch1" in index else 0.0
+    prefill_extra = float(coeffs[index["prefill"]]) if "prefill" in index else 0.0
     intercept = float(coeffs[0])
-    return (PrefillCoeffs(intercept, float(coeffs[3]), float(coeffs[4]), r2),
+    return (PrefillCoeffs(intercept + prefill_extra, float(coeffs[3]), float(coeffs[4]), r2),
             DecodeCoeffs(intercept, float(coeffs[1]), float(coeffs[2]), extra, r2))
 
 

@@ -81,11 +81,19 @@ class PerfModel:
     transfer: TransferCoeffs
     kv_bytes_per_token: int
     kv_capacity_tokens: int
+    # the spread of a deployment's measured prefill-bearing batch times around this model's
+    # mean (coefficient of variation; in-situ fits, `perf/step_log.py`): the simulator draws
+    # each such batch's time from it (`sim/step_noise.py`); 0 (profiles, the calibrated
+    # models): every batch takes its mean
+    prefill_step_cv: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv_capacity_tokens <= 0:
             raise ValueError(f"perf model {self.name!r}: kv_capacity_tokens must be positive "
                              f"(the model does not fit in memory?), got {self.kv_capacity_tokens}")
+        if not 0.0 <= self.prefill_step_cv <= 2.0:
+            raise ValueError(f"perf model {self.name!r}: prefill_step_cv must be in [0, 2], "
+                             f"got {self.prefill_step_cv}")
 
     def batch_time_s(self, batch_size: int, context_tokens: int, prefill_tokens: int,
                      prefill_attn_units: int) -> float:
@@ -140,6 +148,7 @@ class PerfModel:
                        decode=DecodeCoeffs(**raw["decode"]),
                        transfer=TransferCoeffs(**raw["transfer"]),
                        kv_bytes_per_token=int(raw["kv_bytes_per_token"]),
-                       kv_capacity_tokens=int(raw["kv_capacity_tokens"]))
+                       kv_capacity_tokens=int(raw["kv_capacity_tokens"]),
+                       prefill_step_cv=float(raw.get("prefill_step_cv", 0.0)))
         except (KeyError, TypeError, json.JSONDecodeError) as err:
             raise ValueError(f"{path}: not a pdserve performance model file ({err})") from err

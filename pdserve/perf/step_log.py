@@ -21,6 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
+
 from pdserve.perf.fit import fit_steps
 from pdserve.perf.fitted import PerfModel
 
@@ -84,12 +86,28 @@ def read_step_logs(paths: Iterable[Path]) -> list[tuple[float, float, float, flo
     return rows
 
 
+def prefill_step_cv(rows: list[tuple[float, float, float, float, float]],
+                    model: PerfModel) -> float:
+    """The coefficient of variation of measured / modelled time over the batches with
+    prefill work (what sets TTFT; a decode's TPOT averages its steps' spread away), 0 with
+    fewer than 10 such batches."""
+    ratios = [seconds / model.batch_time_s(int(decodes), int(context), int(tokens), int(units))
+              for decodes, context, tokens, units, seconds in rows if tokens > 0]
+    if len(ratios) < 10:
+        return 0.0
+    spread = np.asarray(ratios)
+    return min(2.0, float(spread.std() / spread.mean()))
+
+
 def fit_step_log(directory: Path, base: PerfModel) -> PerfModel:
-    """The runtime model fitted to every `steps-*.csv` under `directory`; transfer and KV
-    figures come from `base` (step logs hold no transfers)."""
-    prefill, decode = fit_steps(read_step_logs(_logs(directory, "*")))
-    return replace(base, name=f"{base.name}, fitted to {directory.name} step logs",
-                   prefill=prefill, decode=decode)
+    """The runtime model fitted to every `steps-*.csv` under `directory`, with the measured
+    spread of its prefill batches; transfer and KV figures come from `base` (step logs hold
+    no transfers)."""
+    rows = read_step_logs(_logs(directory, "*"))
+    prefill, decode = fit_steps(rows)
+    fitted = replace(base, name=f"{base.name}, fitted to {directory.name} step logs",
+                     prefill=prefill, decode=decode)
+    return replace(fitted, prefill_step_cv=prefill_step_cv(rows, fitted))
 
 
 def fit_step_log_by_role(directory: Path, base: PerfModel, prefill_instance: int,
@@ -97,10 +115,12 @@ def fit_step_log_by_role(directory: Path, base: PerfModel, prefill_instance: int
     """A disaggregated deployment's model: prefill fitted to the prefill worker's batches,
     decode to the decode worker's (each one's periods include its own side of the KV
     hand-off: the export on one, the import between steps on the other)."""
-    prefill, _ = fit_steps(read_step_logs(_logs(directory, str(prefill_instance))))
+    prefill_rows = read_step_logs(_logs(directory, str(prefill_instance)))
+    prefill, _ = fit_steps(prefill_rows)
     _, decode = fit_steps(read_step_logs(_logs(directory, str(decode_instance))))
-    return replace(base, name=f"{base.name}, fitted per role to {directory.name} step logs",
-                   prefill=prefill, decode=decode)
+    fitted = replace(base, name=f"{base.name}, fitted per role to {directory.name} step logs",
+                     prefill=prefill, decode=decode)
+    return replace(fitted, prefill_step_cv=prefill_step_cv(prefill_rows, fitted))
 
 
 def _logs(directory: Path, instance: str) -> list[Path]:

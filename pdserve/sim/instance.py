@@ -14,13 +14,17 @@ from pdserve.instance.decode_forecast import DecodeForecast, DecodeLoadTracker
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.perf.fitted import PerfModel
 from pdserve.sim.blocks import BlockTable
+from pdserve.sim.step_noise import instance_noise
 
 
 class SimInstance:
     def __init__(self, local: LocalScheduler, perf: PerfModel, view: ClusterView,
-                 max_span_steps: int) -> None:
+                 max_span_steps: int, seed: int = 0) -> None:
+        """`seed`: of the spread drawn around batches with prefill work, when `perf` has
+        one (`sim/step_noise.py`)."""
         self.local = local
         self.perf = perf
+        self.noise = instance_noise(perf.prefill_step_cv, seed, local.instance_id)
         self.view = view  # read for the current time only
         self.max_span_steps = max_span_steps
         self.plan: BatchPlan | None = None
@@ -46,6 +50,8 @@ class SimInstance:
         else:
             duration = self.perf.batch_time_s(len(plan.decodes), plan.decode_context_tokens,
                                               plan.prefill_tokens, plan.prefill_attn_units)
+            if self.noise is not None and plan.prefill_tokens:
+                duration *= self.noise.factor()
         self.end_s = now_s + duration
         self.version += 1
         return self.end_s

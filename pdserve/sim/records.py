@@ -70,6 +70,7 @@ class SimSettings:
     kv_layers: int = 32  # layers, for the per-block-per-layer transfer mode
     prefix_block_tokens: int = 0  # tokens per prefix hash; 0: no prefix cache
     instance_startup_s: float = 20.0  # a started instance serves after this (elastic scaling)
+    seed: int = 0  # of the batch-time spread of models that carry one (`sim/step_noise.py`)
 
     def __post_init__(self) -> None:
         for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps",

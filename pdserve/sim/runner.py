@@ -127,7 +127,7 @@ class Experiment:
                                config.transfer_calls, config.monitor_interval_s, max_span_steps,
                                effective_transfer_mode(config), kv_layers(config),
                                effective_prefix_block_tokens(config),
-                               config.instance_startup_s)
+                               config.instance_startup_s, config.seed)
         workload = self.workload.scaled(config.rate_scale if rate_scale is None else rate_scale)
         if layout is not None:
             check_layout_roles(config.policy, layout.roles)
@@ -135,7 +135,8 @@ class Experiment:
         models = list(perfs) or list(self.instance_perfs) or self.perf
         result = Simulator(policy, count, models, settings, topology).run(
             workload.requests(), on_progress)
-        add_control_latency(result.requests, config.control_latency_s)
+        add_control_latency(result.requests, config.control_latency_s,
+                            config.control_latency_p90_s, config.seed)
         return result
 
     def summarize(self, result: SimResult) -> Summary:

@@ -99,7 +99,7 @@ class Simulator(KVMovement, InstanceLifecycle, SessionRoundsDriving):
             SimInstance(LocalScheduler(i, model.kv_capacity_tokens // KV_BLOCK_TOKENS,
                                        self.settings.chunk_size_tokens,
                                        self.settings.max_batch_size, policy.queue_order()),
-                        model, self.view, self.settings.max_span_steps)
+                        model, self.view, self.settings.max_span_steps, self.settings.seed)
             for i, model in enumerate(self.perfs)]
         aligned = self.settings.transfer_mode == "aligned"  # ids only matter for alignment
         for instance in self.instances:
