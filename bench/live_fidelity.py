@@ -144,9 +144,16 @@ def live_run(policy: str, slo: SLO, workload: Workload, perf_file: Path, timeout
         for old in log_dir.glob("*.csv"):
             old.unlink()
     client: ClientTimeline = {}
+    log_dir.mkdir(parents=True, exist_ok=True)
     requests = serve_and_replay("tiny", INSTANCES, flags, perf_file, slo, workload,
                                 timeout_s, KV_BLOCKS, CHUNK, MAX_BATCH,
-                                env={STEP_LOG_ENV: str(log_dir)}, timeline=client)
+                                env={STEP_LOG_ENV: str(log_dir)}, timeline=client,
+                                server_log=log_dir / "server.log")
+    unfinished = [(r.request_id, r.arrival_s, r.rejected_reason) for r in requests
+                  if not r.finished]
+    if unfinished:  # nothing may be lost: say which and why, with the server's log beside
+        print(f"  {len(unfinished)} unfinished (request, arrival s, reason): {unfinished} "
+              f"(server log: {log_dir / 'server.log'})", flush=True)
     return summarize(requests, slo), split_ttft(client, read_timeline(log_dir))
 
 

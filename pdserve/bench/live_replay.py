@@ -22,18 +22,22 @@ def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], per
                      slo: SLO, workload: Workload, timeout_s: float, kv_blocks: int,
                      chunk_size_tokens: int, max_batch_size: int,
                      env: dict[str, str] | None = None,
-                     timeline: ClientTimeline | None = None) -> list[Request]:
+                     timeline: ClientTimeline | None = None,
+                     server_log: Path | None = None) -> list[Request]:
     """One live run: a fresh server with `instances` workers and the given policy flags
     (e.g. `["--policy", "static-pd", "--prefill", "1", "--decode", "1"]`); `env` adds
     environment variables for the server and its workers; `timeline` collects each
-    request's response id, send and first-text times (`bench.client.replay`)."""
+    request's response id, send and first-text times (`bench.client.replay`); the server's
+    output goes to `server_log` when given (else nowhere)."""
     port = free_port()
     command = [sys.executable, "-m", "pdserve.cli", "serve", "--model", model,
                "--instances", str(instances), *policy_args, "--port", str(port),
                "--perf-model", str(perf_file), "--kv-blocks", str(kv_blocks),
                "--chunk-size", str(chunk_size_tokens), "--max-batch-size", str(max_batch_size),
                "--ttft-slo", str(slo.ttft_s), "--tpot-slo", str(slo.tpot_s)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    log = server_log.open("w") if server_log is not None else None
+    output = log if log is not None else subprocess.DEVNULL
+    server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
                               env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     try:
@@ -46,3 +50,5 @@ def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], per
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(10)
+        if log is not None:
+            log.close()

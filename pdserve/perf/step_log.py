@@ -8,7 +8,9 @@ environment, every live worker appends one CSV row per executed batch to
 of the worker's next batch, so it includes what the worker does between batches (reports,
 commands, KV imports on its own thread); a batch followed by idling is not logged, since the
 gap is waiting, not work. `fit_step_log` fits the runtime `PerfModel` to those rows
-(`pdserve.perf.fit.fit_steps`), keeping another model's transfer and KV figures.
+(`pdserve.perf.fit.fit_steps`), keeping another model's transfer and KV figures, and
+records how far the prefill batches' periods spread around the fit
+(`PerfModel.prefill_step_cv`), which the simulator draws from (`sim/step_noise.py`).
 `docs/results/fidelity.md` measures what it changes.
 """
 
