@@ -64,8 +64,9 @@ def steps() -> None:
               f"TP 2), {which_model} ==")
         for kind in ("decode", "prefill"):
             for which, label in (("operator", "operator model"),
-                                 ("runtime", "runtime PerfModel")):
-                print(f"{kind:7s} step, {label:17s}: "
+                                 ("runtime", "runtime PerfModel"),
+                                 ("tabled", "runtime + size table (experiment)")):
+                print(f"{kind:7s} step, {label:33s}: "
                       f"{stats(step_errors_pct(cases, kind, which))}")
 
 
