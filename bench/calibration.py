@@ -65,7 +65,7 @@ def steps() -> None:
         for kind in ("decode", "prefill"):
             for which, label in (("operator", "operator model"),
                                  ("runtime", "runtime PerfModel"),
-                                 ("tabled", "runtime + size table (experiment)")):
+                                 ("tabled", "runtime PerfModel + size tables")):
                 print(f"{kind:7s} step, {label:33s}: "
                       f"{stats(step_errors_pct(cases, kind, which))}")
 

@@ -32,12 +32,25 @@ def test_shipped_curves_reproduce_held_out_rows_within_stated_error():
 
 
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
-@pytest.mark.parametrize("which", ["operator", "runtime"])
-def test_whole_steps_on_held_out_rows_meet_the_target(kind: str, which: str):
-    errors = step_errors_pct(held_out_steps(), kind, which)
+@pytest.mark.parametrize(("corrected", "which"), [  # not the corrected closed form alone: it
+    (False, "operator"), (False, "runtime"), (False, "tabled"),  # cannot follow the
+    (True, "operator"), (True, "tabled")])  # corrections' steps (the test below)
+def test_whole_steps_on_held_out_rows_meet_the_target(kind: str, corrected: bool, which: str):
+    errors = step_errors_pct(held_out_steps(corrected), kind, which)
     median_bound, p90_bound = calibrate.STATED_STEP_ERROR_PCT
     assert len(errors) > 100
     assert np.median(errors) <= median_bound and np.percentile(errors, 90) <= p90_bound
+
+
+def test_size_tables_recover_what_the_closed_form_loses_to_the_corrections():
+    """Fitted to the corrected operator model, the closed form alone is worse on held-out
+    whole steps than with per-size tables (measured: P90 decode 7.6 -> 5.0 %, prefill
+    11.3 -> 5.2 %)."""
+    cases = held_out_steps(True)
+    for kind in ("decode", "prefill"):
+        closed = np.percentile(step_errors_pct(cases, kind, "runtime"), 90)
+        tabled = np.percentile(step_errors_pct(cases, kind, "tabled"), 90)
+        assert tabled < 0.7 * closed and tabled <= 6.0, (kind, closed, tabled)
 
 
 def leaves(tree: dict, prefix: str = "") -> dict[str, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -55,7 +57,15 @@ def test_fit_rejects_too_few_samples():
         fit_prefill([(10, 0, 0.1)])
 
 
-def test_span_time_equals_sum_of_steps_and_steps_done_inverts_it(perf: PerfModel):
+@pytest.mark.parametrize("tabled", [False, True])
+def test_span_time_equals_sum_of_steps_and_steps_done_inverts_it(perf: PerfModel,
+                                                                  tabled: bool):
+    """Also with a per-batch-size table: its entry is a constant of the span."""
+    if tabled:
+        table = tuple(1e-4 * ((b % 5) - 2) for b in range(16))  # steps up and down in B
+        perf = replace(perf, decode=replace(perf.decode, size_table_s=table))
+        assert perf.decode.step_s(7, 100) - perf.decode.step_s(8, 100) != pytest.approx(
+            -perf.decode.per_seq_s)
     batch, context = 7, 9000
     steps = [perf.decode.step_s(batch, context + batch * j) for j in range(500)]
     assert perf.span_time_s(batch, context, 500) == pytest.approx(sum(steps), rel=1e-12)
@@ -108,3 +118,17 @@ def test_perf_model_round_trips_through_a_file(tmp_path, perf: PerfModel):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a pdserve performance model"):
         PerfModel.load(tmp_path / "bad.json")
+
+
+def test_size_tables_add_their_entry_by_size_and_survive_a_file(perf: PerfModel, tmp_path):
+    plain = perf
+    tabled = replace(perf, decode=replace(perf.decode, size_table_s=(1e-3, 2e-3, 3e-3)),
+                     prefill=replace(perf.prefill, size_table_s=(5e-3, 7e-3)))
+    for batch, entry in ((1, 1e-3), (2, 2e-3), (3, 3e-3), (40, 3e-3)):  # last entry beyond
+        assert tabled.decode.step_s(batch, 500) - plain.decode.step_s(batch, 500) == \
+            pytest.approx(entry)
+    for tokens, entry in ((1, 5e-3), (16, 5e-3), (17, 7e-3), (4096, 7e-3)):  # 16-token buckets
+        assert tabled.prefill.time_s(tokens, tokens * tokens) - plain.prefill.time_s(
+            tokens, tokens * tokens) == pytest.approx(entry)
+    tabled.save(tmp_path / "model.json")
+    assert PerfModel.load(tmp_path / "model.json") == tabled

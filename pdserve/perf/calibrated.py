@@ -151,9 +151,12 @@ class Calibrated:
         per_call = num_bytes / calls / self.tp  # each GPU pair sends its shard of a call
         return calls * float(curve.send_s(per_call, self.gpu.link_gb_s))
 
-    def to_perf_model(self, max_batch_size: int = 256) -> PerfModel:
-        """Fit the simulator's runtime model to these step times over the range serving uses."""
+    def to_perf_model(self, max_batch_size: int = 256, size_tables: bool = False) -> PerfModel:
+        """Fit the simulator's runtime model to these step times over the range serving uses.
+        `size_tables`: with per-size tables (`fit.fit_perf_model`), which the per-shape
+        corrections need: without them the closed form fitted to corrected step times
+        predicts held-out whole steps worse than the curves alone (fidelity.md)."""
         return fit_perf_model(
             f"{self.model.name}@{self.gpu.name}x{self.tp} (calibrated on A100 profiles)",
             self.prefill_s, self.decode_step_s, self.transfer_s, self.kv_bytes_per_token,
-            self.kv_capacity_tokens, FIT_GRID, max_batch_size)
+            self.kv_capacity_tokens, FIT_GRID, max_batch_size, size_tables)

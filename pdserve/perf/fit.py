@@ -15,11 +15,17 @@ reported on the unweighted residuals.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
+from pdserve.perf.fitted import (
+    TABLE_TOKENS,
+    DecodeCoeffs,
+    PerfModel,
+    PrefillCoeffs,
+    TransferCoeffs,
+)
 from pdserve.types import attn_units
 
 
@@ -173,9 +179,13 @@ class FitGrid:
 def fit_perf_model(name: str, prefill_s: Callable[[int, int], float],
                    decode_step_s: Callable[[int, int], float],
                    transfer_s: Callable[[int, int], float], kv_bytes_per_token: int,
-                   kv_capacity_tokens: int, grid: FitGrid, max_batch_size: int) -> PerfModel:
+                   kv_capacity_tokens: int, grid: FitGrid, max_batch_size: int,
+                   size_tables: bool = False) -> PerfModel:
     """The runtime `PerfModel` fitted to a step-time model (calibrated or roofline) over the
-    range serving uses."""
+    range serving uses. `size_tables`: also read off what the closed form misses at each
+    decode batch size (at `TABLE_CONTEXT_PER_SEQ` tokens per sequence) and each prefill
+    size (16-token buckets up to the grid's largest chunk, no prior tokens), for a
+    step-time model with per-size steps (the per-shape corrections, `perf/residuals.py`)."""
     prefill = [(n, p, prefill_s(n, p)) for n in grid.prefill_tokens for p in grid.prefill_prior]
     decode = []
     for batch in grid.decode_batch:
@@ -185,7 +195,32 @@ def fit_perf_model(name: str, prefill_s: Callable[[int, int], float],
                 decode.append((batch, context, decode_step_s(batch, context)))
     sizes = [n * kv_bytes_per_token for n in (16, 256, 4096, 32768)]
     transfer = [(size, calls, transfer_s(size, calls)) for size in sizes for calls in (1, 8, 64)]
-    return PerfModel(name=name, prefill=fit_prefill(prefill, knee=grid.knee),
-                     decode=fit_decode(decode, knee=grid.knee), transfer=fit_transfer(transfer),
-                     kv_bytes_per_token=kv_bytes_per_token,
+    prefill_fit, decode_fit = fit_prefill(prefill, knee=grid.knee), fit_decode(decode,
+                                                                              knee=grid.knee)
+    if size_tables:
+        prefill_fit, decode_fit = _with_size_tables(prefill_fit, decode_fit, prefill_s,
+                                                    decode_step_s, max(grid.prefill_tokens),
+                                                    max_batch_size)
+    return PerfModel(name=name, prefill=prefill_fit, decode=decode_fit,
+                     transfer=fit_transfer(transfer), kv_bytes_per_token=kv_bytes_per_token,
                      kv_capacity_tokens=kv_capacity_tokens)
+
+
+TABLE_CONTEXT_PER_SEQ = 1024  # where a decode size table is read
+
+
+def _with_size_tables(prefill: PrefillCoeffs, decode: DecodeCoeffs,
+                      prefill_s: Callable[[int, int], float],
+                      decode_step_s: Callable[[int, int], float], max_prefill_tokens: int,
+                      max_batch_size: int) -> tuple[PrefillCoeffs, DecodeCoeffs]:
+    # read at the same context per sequence for every batch size, memory or not: the table
+    # is for the batch's own steps (the GEMMs' tiles), and the context's share of the step
+    # is the closed form's to price
+    decode_table = []
+    for batch in range(1, max_batch_size + 1):
+        context = batch * TABLE_CONTEXT_PER_SEQ
+        decode_table.append(decode_step_s(batch, context) - decode.step_s(batch, context))
+    prefill_table = [prefill_s(tokens, 0) - prefill.time_s(tokens, attn_units(tokens, 0))
+                     for tokens in range(TABLE_TOKENS, max_prefill_tokens + 1, TABLE_TOKENS)]
+    return (replace(prefill, size_table_s=tuple(prefill_table)),
+            replace(decode, size_table_s=tuple(decode_table)))

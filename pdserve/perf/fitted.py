@@ -9,6 +9,11 @@
   mixed batch      prefill part + decode part - min(a_p, a_d)  (one forward pass, one overhead)
   KV transfer      calls * alpha + bytes / beta
 
+  size tables (optional)  + table[B - 1] for a decode step of B sequences, + table[(n - 1) // 16]
+                   for a prefill of n tokens (the last entry beyond the table): what the
+                   closed form misses at each size (cuBLAS's tile steps), read off the
+                   operator model (`fit.fit_perf_model(..., size_tables=True)`)
+
 `attn_units` charges a chunk of n new tokens after p prior tokens for attention over its
 context, so a 2-chunk prefill costs the same attention as a 1-shot one. Coefficients come
 from `fit_*` in `pdserve.perf.fit` over profile samples: measured on the live engine
@@ -28,6 +33,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+TABLE_TOKENS = 16  # a prefill size table's bucket width (a GEMM tile is at least this tall)
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillCoeffs:
@@ -37,11 +44,15 @@ class PrefillCoeffs:
     r2: float = 1.0
     knee_tokens: int = 0  # 0: no knee term
     per_token_above_knee_s: float = 0.0
+    size_table_s: tuple[float, ...] = ()  # per TABLE_TOKENS-token bucket of the batch's tokens
 
     def time_s(self, tokens: int, attn_units: int) -> float:
         time = self.intercept_s + self.per_token_s * tokens + self.per_attn_unit_s * attn_units
         if tokens > self.knee_tokens:
             time += self.per_token_above_knee_s * (tokens - self.knee_tokens)
+        table = self.size_table_s
+        if table:
+            time += table[min(max(tokens - 1, 0) // TABLE_TOKENS, len(table) - 1)]
         return time
 
 
@@ -54,11 +65,15 @@ class DecodeCoeffs:
     r2: float = 1.0
     knee_batch: int = 0  # 0: no knee term
     per_seq_above_knee_s: float = 0.0
+    size_table_s: tuple[float, ...] = ()  # per batch size (entry B - 1)
 
     def step_s(self, batch_size: int, context_tokens: int) -> float:
         extra = self.batch1_extra_s if batch_size == 1 else 0.0
         if batch_size > self.knee_batch:
             extra += self.per_seq_above_knee_s * (batch_size - self.knee_batch)
+        table = self.size_table_s
+        if table:
+            extra += table[min(max(batch_size - 1, 0), len(table) - 1)]
         return (self.intercept_s + extra + self.per_seq_s * batch_size
                 + self.per_context_token_s * context_tokens)
 
@@ -144,11 +159,16 @@ class PerfModel:
     def load(cls, path: str | Path) -> PerfModel:
         try:
             raw = json.loads(Path(path).read_text())
-            return cls(name=raw["name"], prefill=PrefillCoeffs(**raw["prefill"]),
-                       decode=DecodeCoeffs(**raw["decode"]),
+            return cls(name=raw["name"], prefill=PrefillCoeffs(**_tabled(raw["prefill"])),
+                       decode=DecodeCoeffs(**_tabled(raw["decode"])),
                        transfer=TransferCoeffs(**raw["transfer"]),
                        kv_bytes_per_token=int(raw["kv_bytes_per_token"]),
                        kv_capacity_tokens=int(raw["kv_capacity_tokens"]),
                        prefill_step_cv=float(raw.get("prefill_step_cv", 0.0)))
         except (KeyError, TypeError, json.JSONDecodeError) as err:
             raise ValueError(f"{path}: not a pdserve performance model file ({err})") from err
+
+
+def _tabled(coeffs: dict) -> dict:
+    """A coefficient record from JSON, its size table (a list there) as a tuple."""
+    return {**coeffs, "size_table_s": tuple(float(x) for x in coeffs.get("size_table_s", ()))}

@@ -11,11 +11,11 @@ take batch 8's); neither is in a fit's held-out set here, they have their own he
 
 Each held-out step is predicted three times: by the operator model (`Calibrated.pass_s`, the
 same composition, no LM head as the profile has none), by the runtime `PerfModel` the
-simulator uses (fitted over a grid of operator-model steps), and, as an experiment, by the
-runtime model plus a per-size table: what the closed form misses at this batch size (decode,
-at a reference context of 1024 tokens per sequence) or chunk size (prefill, no prior
-tokens), read off the operator model. A table in the batch size keeps a decode span closed
-form (the batch is fixed within a span); `docs/results/fidelity.md` says what it measured.
+simulator uses (fitted over a grid of operator-model steps), and by that runtime model with
+per-size tables (`to_perf_model(size_tables=True)`: what the closed form misses at each
+decode batch size and prefill size, read off the operator model; opt-in). A table in the
+batch size keeps a decode span closed form (the batch is fixed within a span);
+`docs/results/fidelity.md` says what it measured.
 """
 
 from __future__ import annotations
@@ -46,10 +46,7 @@ class StepCase:
     measured_s: float
     operator_s: float
     runtime_s: float
-    tabled_s: float  # runtime + the per-size table (the experiment above)
-
-
-TABLE_CONTEXT_TOKENS = 1024  # per sequence, where the decode table is read
+    tabled_s: float  # the runtime model with per-size tables
 
 def measured_cpu_s(batch: int, tp: int) -> float:
     """vLLM's CPU overhead at `batch` from the measured rows (mean over models)."""
@@ -90,34 +87,31 @@ def held_out_steps(corrected: bool = False) -> tuple[StepCase, ...]:
         model = Calibrated(spec, gpu, 2, lm_head=False,
                            residuals=shipped_residuals() if corrected else None)
         runtime = model.to_perf_model()
+        tabled = model.to_perf_model(size_tables=True)
         rows = mlp.where((mlp["model"] == profiled) & (mlp["tp"] == 2) & mlp.held_out)
         for index in range(len(rows)):
             row = rows.where(np.arange(len(rows)) == index)
             tokens = int(row["tokens"][0])
             decode = attention.where((attention["prefill"] == 0) & (attention["batch"] == tokens))
-            reference = tokens * TABLE_CONTEXT_TOKENS
-            decode_table_s = (model.decode_step_s(tokens, reference)
-                              - runtime.batch_time_s(tokens, reference, 0, 0))
             for kv, seconds in zip(decode["kv_tokens"], decode["with_reshape_ms"] * 1e-3,
                                    strict=True):
                 context = tokens * int(kv)
-                runtime_s = runtime.batch_time_s(tokens, context, 0, 0)
                 cases.append(StepCase(
                     name, "decode", tokens, int(kv),
                     measured_step_s(row, seconds, spec.layers, spec.hidden, 2, tokens),
-                    model.decode_step_s(tokens, context), runtime_s,
-                    runtime_s + decode_table_s))
+                    model.decode_step_s(tokens, context),
+                    runtime.batch_time_s(tokens, context, 0, 0),
+                    tabled.batch_time_s(tokens, context, 0, 0)))
             prefill = attention.where((attention["prefill"] == 1) & (attention["chunk"] == tokens))
-            prefill_table_s = (model.prefill_s(tokens, 0)
-                               - runtime.batch_time_s(0, 0, tokens, tokens * tokens))
             for prior, seconds in zip(prefill["kv_tokens"], prefill["with_reshape_ms"] * 1e-3,
                                       strict=True):
                 prior = int(prior)
-                runtime_s = runtime.batch_time_s(0, 0, tokens, tokens * (tokens + 2 * prior))
+                units = tokens * (tokens + 2 * prior)
                 cases.append(StepCase(
                     name, "prefill", tokens, prior,
                     measured_step_s(row, seconds, spec.layers, spec.hidden, 2, 1),
-                    model.prefill_s(tokens, prior), runtime_s, runtime_s + prefill_table_s))
+                    model.prefill_s(tokens, prior), runtime.batch_time_s(0, 0, tokens, units),
+                    tabled.batch_time_s(0, 0, tokens, units)))
     return tuple(cases)
 
 
