@@ -38,9 +38,7 @@ from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.instance.prefix_cache import PrefixCache, chain_hashes
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder, bind_order
-from pdserve.instance.stats import InstanceStats
 from pdserve.live.batch_guard import describe, run_guarded
-from pdserve.live.dispatch_ledger import is_dispatch
 from pdserve.live.faults import exit_at_start_from_env, install_from_env
 from pdserve.live.messages import (
     AddRequest,
@@ -59,7 +57,6 @@ from pdserve.live.messages import (
     SetChunk,
     SetPriority,
     Shutdown,
-    StatsReport,
     StepDone,
     UnlockHistory,
     WorkerError,
@@ -67,12 +64,11 @@ from pdserve.live.messages import (
 )
 from pdserve.live.worker_forecast import WorkerForecast
 from pdserve.live.worker_kv import WorkerKV
+from pdserve.live.worker_reports import IDLE_REPORT_S, WorkerReports
 from pdserve.live.worker_sessions import WorkerSessions
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.step_log import StepLog
 from pdserve.types import Request
-
-IDLE_REPORT_S = 0.5  # an idle worker's load report interval (when its load changed)
 
 
 def release_freed_memory() -> None:
@@ -83,7 +79,7 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-class Worker(WorkerKV):
+class Worker(WorkerKV, WorkerReports):
     def __init__(self, instance_id: int, model_name: str, seed: int, num_blocks: int,
                  chunk_size_tokens: int, max_batch_size: int, connection: Connection,
                  phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
@@ -125,22 +121,13 @@ class Worker(WorkerKV):
         self.peers: dict[str, PagedKVPool] = {}
         self.running = True
         self._executing: frozenset[int] = frozenset()
-        self._reported: InstanceStats | None = None
-        self._reported_at = 0.0
-        self.dispatches_received = 0  # AddRequest/AdoptKV handled (live/dispatch_ledger.py)
-        self._acknowledged = 0  # the count the last report carried
+        self.init_reports()
         self.forecast = WorkerForecast.build(decode_forecast, self.engine, self.local)
-
-    def stats(self) -> InstanceStats:
-        if self.forecast is None:
-            return InstanceStats.of(self.local)
-        return InstanceStats.of(self.local, self.forecast.report())
 
     def serve(self) -> None:
         assert self.engine.pool.shared_name is not None
-        self._reported = self.stats()
         self.connection.send(WorkerReady(self.instance_id, self.engine.pool.shared_name,
-                                         self._reported))
+                                         self.ready_report()))
         try:
             idle = True
             while self.running:
@@ -158,22 +145,10 @@ class Worker(WorkerKV):
                 pool.close()
             self.engine.pool.close()
 
-    def report_if_changed(self) -> None:
-        """While idle: report the load when it changed or a dispatch arrived (one that failed
-        changes no load, but the driver counts it in flight until told), and at least every
-        IDLE_REPORT_S."""
-        stats, now = self.stats(), time.monotonic()
-        if (stats != self._reported or self.dispatches_received != self._acknowledged
-                or now - self._reported_at >= IDLE_REPORT_S):
-            self._reported, self._reported_at = stats, now
-            self._acknowledged = self.dispatches_received
-            self.connection.send(StatsReport(self.instance_id, stats, self._acknowledged))
-
     # ---- commands ----
     def handle_safely(self, command: Command) -> None:
         """`handle`, failing the command's request (not the worker) if it raises."""
-        if is_dispatch(command):  # counted even if it fails: its load is not queued here
-            self.dispatches_received += 1
+        self.count_dispatch(command)
         try:
             self.handle(command)
         except Exception as err:  # noqa: BLE001 - one request's failure, not the worker's
@@ -281,12 +256,10 @@ class Worker(WorkerKV):
             self.drop(request_id)
         tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob)
                        for o in outputs)
-        self._reported, self._reported_at = self.stats(), time.monotonic()  # as sent
-        self._acknowledged = self.dispatches_received
-        self.connection.send(StepDone(self.instance_id, tokens, self._reported,
+        stats, sent_s, acknowledged = self.step_report()
+        self.connection.send(StepDone(self.instance_id, tokens, stats,
                                       self.engine.prefill_tokens_total,
-                                      self.engine.reused_tokens_total, self._reported_at,
-                                      self._acknowledged))
+                                      self.engine.reused_tokens_total, sent_s, acknowledged))
         for request_id, (kind, message) in failures.items():
             self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
         for request in result.prefilled:
