@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from live_fidelity import POLICIES, STATS, error_pct, simulate, stats_of
+from live_fidelity import POLICIES, STATS, error_pct, same_run_stats, simulate, stats_of
 
 from pdserve.bench.traces import load_trace
 from pdserve.perf.fitted import PerfModel
@@ -33,12 +33,6 @@ from pdserve.perf.step_log import fit_step_log, fit_step_log_by_role
 from pdserve.types import SLO
 
 SECTIONS = {"at_knee": "at the benchmark's rate", "below_knee": "below it"}
-
-
-def run_model(directory: Path, policy: str, base: PerfModel) -> PerfModel:
-    if policy == "colocated":
-        return fit_step_log(directory, base)
-    return fit_step_log_by_role(directory, base, prefill_instance=0, decode_instance=1)
 
 
 def main() -> None:
@@ -78,12 +72,12 @@ def main() -> None:
             sims: dict[str, list[dict[str, float]]] = {"mean": [], "spread": []}
             for repeat, split in enumerate(entry["ttft_split"]):
                 directory = timelines / f"{policy}-x{rate:g}-{repeat}"
-                model = run_model(directory, policy, base_perf)
+                model = (fit_step_log(directory, base_perf) if policy == "colocated" else
+                         fit_step_log_by_role(directory, base_perf, 0, 1))
                 sims["mean"].append(stats_of(simulate(policy, slo, workload, model,
                                                       split["control_p50_s"])))
-                sims["spread"].append(stats_of(simulate(
-                    policy, slo, workload, model, split["control_p50_s"],
-                    split["control_p90_s"], spread=True)))
+                sims["spread"].append(same_run_stats(policy, slo, workload, directory,
+                                                     base_perf, split))
             results[f"{section}/{policy}"] = sims
             for stat in STATS:
                 live = [run[stat] for run in entry["live"]]

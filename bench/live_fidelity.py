@@ -38,6 +38,10 @@ workers than cores would time-share cores, which no performance model here descr
    runs: each prefill batch drawn around its mean with the logged periods' coefficient of
    variation (`PerfModel.prefill_step_cv`, `sim/step_noise.py`), each request's control
    latency drawn with the measured median and P90 (`SimConfig.control_latency_p90_s`).
+8. "same run + spread": each live run against the simulator on that run's own step log,
+   spread and control latency, averaged over the repeats: the shared machine's speed drifts
+   over minutes, and this holds it fixed (`bench/fidelity_same_run.py` recomputes it from a
+   finished run's logs).
 
     python bench/live_fidelity.py --out docs/results/fidelity   # about 15 minutes (23 with
     # --below-knee-factor 0.5: two more calibration runs and 6 more live runs)
@@ -111,6 +115,18 @@ def describe_split(split: dict[str, list[float]]) -> dict[str, float]:
         out["control_p50_s"] = float(np.percentile(control, 50))
         out["control_p90_s"] = float(np.percentile(control, 90))
     return out
+
+
+def same_run_stats(policy: str, slo: SLO, workload: Workload, log_dir: Path,
+                   base: PerfModel, split: dict[str, float]) -> dict[str, float]:
+    """The simulator on one live run's own step costs, spread and control latency (its
+    step log and TTFT split): the machine held fixed (`bench/fidelity_same_run.py`)."""
+    if policy == "colocated":
+        model = fit_step_log(log_dir, base)
+    else:  # Arrow's flips blur the per-instance roles
+        model = fit_step_log_by_role(log_dir, base, prefill_instance=0, decode_instance=1)
+    return stats_of(simulate(policy, slo, workload, model, split["control_p50_s"],
+                             split["control_p90_s"], spread=True))
 
 
 def pick_rate(base: Workload, duration_s: float, slo: SLO, perf: PerfModel,
@@ -188,19 +204,22 @@ def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace,
     workload = base.scaled(rate).window(0.0, args.duration)
     print(f"rate scale {rate}: {len(workload)} requests over {workload.span_s:.0f}s")
     models = [*perfs, "per role", "per role + control", "at rate + control",
-              "at rate + spread"]
+              "at rate + spread", "same run + spread"]
     report: dict[str, object] = {"rate_scale": rate, "requests": len(workload),
                                  "control_latency_s": control_latency_s, "policies": {}}
     header = f"{'policy':<11}{'stat':<12}{'live mean':>10}{'live min..max':>17}"
-    header += "".join(f"{'sim ' + name:>21}{'err':>7}" for name in models)
+    header += "".join(f"{'sim ' + name:>25}{'err':>7}" for name in models)
     lines = [header]
     for policy in POLICIES:
-        live_runs, splits = [], []
+        live_runs, splits, same_run = [], [], []
         for repeat in range(repeats):
+            log_dir = args.out / "timelines" / f"{policy}-x{rate:g}-{repeat}"
             summary, split = live_run(policy, slo, workload, perf_file, args.duration + 180,
-                                      args.out / "timelines" / f"{policy}-x{rate:g}-{repeat}")
+                                      log_dir)
             live_runs.append(stats_of(summary))
             splits.append(describe_split(split))
+            same_run.append(same_run_stats(policy, slo, workload, log_dir, perfs["contended"],
+                                           splits[-1]))
             print(f"{policy} live run {repeat + 1}: {live_runs[-1]}; TTFT split {splits[-1]}",
                   flush=True)
         role_model = perfs["in-situ"] if policy == "colocated" else pd_model
@@ -216,6 +235,8 @@ def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace,
         sims["at rate + spread"] = stats_of(simulate(
             policy, slo, workload, rate_model, control["control_p50_s"],
             control["control_p90_s"], spread=True))
+        sims["same run + spread"] = {stat: float(np.mean([run[stat] for run in same_run]))
+                                     for stat in STATS}
         report["policies"][policy] = {"live": live_runs,  # type: ignore[index]
                                       "ttft_split": splits, "sim": sims}
         for stat in STATS:
@@ -224,7 +245,7 @@ def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace,
             line = (f"{policy:<11}{stat:<12}{mean:>10.4f}"
                     f"{f'{min(values):.4f}..{max(values):.4f}':>17}")
             for name in models:
-                line += f"{sims[name][stat]:>21.4f}{error_pct(sims[name][stat], mean):>6.0f}%"
+                line += f"{sims[name][stat]:>25.4f}{error_pct(sims[name][stat], mean):>6.0f}%"
             lines.append(line)
     print("\n".join(lines), flush=True)
     return report
