@@ -25,11 +25,18 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from live_fidelity import POLICIES, STATS, error_pct, same_run_stats, simulate, stats_of
+from live_fidelity import (
+    POLICIES,
+    STATS,
+    error_pct,
+    run_model,
+    same_run_stats,
+    simulate,
+    stats_of,
+)
 
 from pdserve.bench.traces import load_trace
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.step_log import fit_step_log, fit_step_log_by_role
 from pdserve.types import SLO
 
 SECTIONS = {"at_knee": "at the benchmark's rate", "below_knee": "below it"}
@@ -72,12 +79,10 @@ def main() -> None:
             sims: dict[str, list[dict[str, float]]] = {"mean": [], "spread": []}
             for repeat, split in enumerate(entry["ttft_split"]):
                 directory = timelines / f"{policy}-x{rate:g}-{repeat}"
-                model = (fit_step_log(directory, base_perf) if policy == "colocated" else
-                         fit_step_log_by_role(directory, base_perf, 0, 1))
+                model = run_model(policy, directory, base_perf)  # fitted once, used twice
                 sims["mean"].append(stats_of(simulate(policy, slo, workload, model,
                                                       split["control_p50_s"])))
-                sims["spread"].append(same_run_stats(policy, slo, workload, directory,
-                                                     base_perf, split))
+                sims["spread"].append(same_run_stats(policy, slo, workload, model, split))
             results[f"{section}/{policy}"] = sims
             for stat in STATS:
                 live = [run[stat] for run in entry["live"]]

@@ -117,14 +117,18 @@ def describe_split(split: dict[str, list[float]]) -> dict[str, float]:
     return out
 
 
-def same_run_stats(policy: str, slo: SLO, workload: Workload, log_dir: Path,
-                   base: PerfModel, split: dict[str, float]) -> dict[str, float]:
-    """The simulator on one live run's own step costs, spread and control latency (its
-    step log and TTFT split): the machine held fixed (`bench/fidelity_same_run.py`)."""
+def run_model(policy: str, log_dir: Path, base: PerfModel) -> PerfModel:
+    """The runtime model of one live run, fitted to its own step log (the 1P1D policies:
+    prefill from instance 0, decode from instance 1; Arrow's flips blur that split)."""
     if policy == "colocated":
-        model = fit_step_log(log_dir, base)
-    else:  # Arrow's flips blur the per-instance roles
-        model = fit_step_log_by_role(log_dir, base, prefill_instance=0, decode_instance=1)
+        return fit_step_log(log_dir, base)
+    return fit_step_log_by_role(log_dir, base, prefill_instance=0, decode_instance=1)
+
+
+def same_run_stats(policy: str, slo: SLO, workload: Workload, model: PerfModel,
+                   split: dict[str, float]) -> dict[str, float]:
+    """The simulator on one live run's own model (`run_model`), spread and control latency
+    (its TTFT split): the machine held fixed (`bench/fidelity_same_run.py`)."""
     return stats_of(simulate(policy, slo, workload, model, split["control_p50_s"],
                              split["control_p90_s"], spread=True))
 
@@ -218,8 +222,9 @@ def compare(rate: float, repeats: int, base: Workload, args: argparse.Namespace,
                                       log_dir)
             live_runs.append(stats_of(summary))
             splits.append(describe_split(split))
-            same_run.append(same_run_stats(policy, slo, workload, log_dir, perfs["contended"],
-                                           splits[-1]))
+            same_run.append(same_run_stats(
+                policy, slo, workload, run_model(policy, log_dir, perfs["contended"]),
+                splits[-1]))
             print(f"{policy} live run {repeat + 1}: {live_runs[-1]}; TTFT split {splits[-1]}",
                   flush=True)
         role_model = perfs["in-situ"] if policy == "colocated" else pd_model

@@ -35,6 +35,9 @@ class Dispatch:
     tokens: int  # the prefill's tokens (prompt + resumed), or the decoding sequence's
 
 
+DISPATCHES = (AddRequest, AdoptKV)  # the commands that queue load on a worker
+
+
 def dispatch_of(command: Command, number: int) -> Dispatch | None:
     """The load `command` puts on its worker, or None for a command that queues nothing."""
     if isinstance(command, AddRequest):
@@ -45,8 +48,9 @@ def dispatch_of(command: Command, number: int) -> Dispatch | None:
 
 
 def is_dispatch(command: object) -> bool:
-    """Whether a worker counts `command` in its `dispatches_received`."""
-    return isinstance(command, AddRequest | AdoptKV)
+    """Whether a worker counts `command` in its `dispatches_received`: exactly the commands
+    `dispatch_of` numbers."""
+    return isinstance(command, DISPATCHES)
 
 
 class DispatchLedger:
