@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
-from pdserve.perf.fitted import PerfModel
+from pdserve.perf.fitted import CONSTANT_BATCHES, DecodeCoeffs, PerfModel
 from pdserve.perf.presets import PAPER_SETUPS, default_tp, perf_model, roofline
 from pdserve.perf.specs import model_spec
 from pdserve.types import attn_units
@@ -132,3 +132,15 @@ def test_size_tables_add_their_entry_by_size_and_survive_a_file(perf: PerfModel,
             tokens, tokens * tokens) == pytest.approx(entry)
     tabled.save(tmp_path / "model.json")
     assert PerfModel.load(tmp_path / "model.json") == tabled
+
+
+def test_decode_step_reads_its_precomputed_batch_part_at_every_size():
+    decode = DecodeCoeffs(intercept_s=2e-3, per_seq_s=1e-4, per_context_token_s=1e-7,
+                          batch1_extra_s=5e-4, knee_batch=64, per_seq_above_knee_s=3e-5,
+                          size_table_s=(1e-5,) * 10)
+    for batch in (0, 1, 2, 64, 65, 1023, CONSTANT_BATCHES, CONSTANT_BATCHES + 1, 5000):
+        written_out = (2e-3 + (5e-4 if batch == 1 else 0.0) + 3e-5 * max(0, batch - 64)
+                       + 1e-5 + 1e-4 * batch + 1e-7 * batch * 900)
+        assert decode.step_s(batch, batch * 900) == pytest.approx(written_out, rel=1e-12)
+    moved = replace(decode, intercept_s=4e-3)  # a changed coefficient re-derives the parts
+    assert moved.step_s(8, 0) - decode.step_s(8, 0) == pytest.approx(2e-3)

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 TABLE_TOKENS = 16  # a prefill size table's bucket width (a GEMM tile is at least this tall)
+CONSTANT_BATCHES = 1024  # decode batch sizes whose step constant is precomputed
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,16 +67,30 @@ class DecodeCoeffs:
     knee_batch: int = 0  # 0: no knee term
     per_seq_above_knee_s: float = 0.0
     size_table_s: tuple[float, ...] = ()  # per batch size (entry B - 1)
+    # derived, not saved: a step's part that depends on the batch size alone, per size up to
+    # CONSTANT_BATCHES (the simulator's hottest call reads it instead of summing the terms)
+    _batch_part_s: tuple[float, ...] = field(default=(), init=False, repr=False,
+                                             compare=False)
 
-    def step_s(self, batch_size: int, context_tokens: int) -> float:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_batch_part_s", tuple(
+            self.batch_part_s(size) for size in range(1, CONSTANT_BATCHES + 1)))
+
+    def batch_part_s(self, batch_size: int) -> float:
+        """The step time's terms in the batch size alone (all but the context's)."""
         extra = self.batch1_extra_s if batch_size == 1 else 0.0
         if batch_size > self.knee_batch:
             extra += self.per_seq_above_knee_s * (batch_size - self.knee_batch)
         table = self.size_table_s
         if table:
             extra += table[min(max(batch_size - 1, 0), len(table) - 1)]
-        return (self.intercept_s + extra + self.per_seq_s * batch_size
-                + self.per_context_token_s * context_tokens)
+        return self.intercept_s + extra + self.per_seq_s * batch_size
+
+    def step_s(self, batch_size: int, context_tokens: int) -> float:
+        parts = self._batch_part_s
+        if 0 < batch_size <= CONSTANT_BATCHES:
+            return parts[batch_size - 1] + self.per_context_token_s * context_tokens
+        return self.batch_part_s(batch_size) + self.per_context_token_s * context_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +168,9 @@ class PerfModel:
 
     # ---- files ----
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        record = asdict(self)
+        del record["decode"]["_batch_part_s"]  # derived on load
+        Path(path).write_text(json.dumps(record, indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> PerfModel:
