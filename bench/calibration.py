@@ -1,9 +1,11 @@
 """Calibration of the performance model against Vidur's measured A100 rows.
 
 Prints (1) each operator curve's error on the held-out rows, alone and with the
-opt-in per-shape corrections (`perf/residuals.py`), (2) whole-step error on held-out
-steps (composed as Vidur's README says: per-layer op rows x layers + embedding + CPU overhead
-+ all-reduces), for the operator model and for the runtime PerfModel the simulator uses,
+per-shape corrections (`perf/residuals.py`; on by default since 2026-11-23), (2) whole-step
+error on held-out steps (composed as Vidur's README says: per-layer op rows x layers +
+embedding + CPU overhead + all-reduces), for the operator model and for the runtime
+PerfModel fitted to it, with and without per-size tables (the simulator's default: the
+corrected operator model, runtime model with tables),
 (3) a leave-one-model-out check of the GEMM curves (how well an unprofiled shape is priced),
 (4) Llama-3.1-8B and Qwen2.5-14B on A100 next to measured rows, (5) tensor parallelism and the
 TaiChi Fig. 4 decode step. Refits the curves first (needs scipy), so the figures are what the
@@ -14,10 +16,11 @@ current code fits.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from pdserve.perf import calibrate
-from pdserve.perf.calibrated import Calibrated
 from pdserve.perf.heldout import (
     LAYER_OPS,
     held_out_steps,
@@ -25,7 +28,7 @@ from pdserve.perf.heldout import (
     step_errors_pct,
 )
 from pdserve.perf.operators import GEMM_OPS, shipped_operator_model
-from pdserve.perf.presets import calibrated, roofline_perf_model
+from pdserve.perf.presets import calibrated, curves_perf_model, perf_model, roofline_perf_model
 from pdserve.perf.profiles import load_table
 from pdserve.perf.residuals import shipped_residuals
 from pdserve.perf.specs import gpu_spec
@@ -47,7 +50,7 @@ def operators() -> None:
     print(f"shipped a100_operators.json equals this refit: {same}")
     residuals = calibrate.fit_operator_residuals(refit)
     print("\n== per operator, held-out rows, curves + per-shape corrections (perf/residuals.py; "
-          "the A100's profiled shapes only; opt-in) ==")
+          "the A100's profiled shapes only; the default) ==")
     for name, error in calibrate.held_out_errors_corrected(refit, residuals).items():
         print(f"{name:26s} median {error.median_pct:4.1f} %, P90 {error.p90_pct:5.1f} % "
               f"({error.rows} rows)")
@@ -58,14 +61,16 @@ def operators() -> None:
 def steps() -> None:
     for corrected in (False, True):
         cases = held_out_steps(corrected)
-        which_model = ("the curves + per-shape corrections (opt-in, off in the simulator)"
-                       if corrected else "the curves (what the simulator uses)")
+        which_model = ("the curves + per-shape corrections (the default)"
+                       if corrected else "the curves alone (the default until 2026-11-23)")
         print(f"\n== per step, held-out steps (Llama-3-70B, Llama-2-70B, CodeLlama-34B at "
               f"TP 2), {which_model} ==")
         for kind in ("decode", "prefill"):
             for which, label in (("operator", "operator model"),
                                  ("runtime", "runtime PerfModel"),
                                  ("tabled", "runtime PerfModel + size tables")):
+                if corrected and which == "tabled":
+                    label += " (simulator)"
                 print(f"{kind:7s} step, {label:33s}: "
                       f"{stats(step_errors_pct(cases, kind, which))}")
 
@@ -107,26 +112,31 @@ def models_on_a100() -> None:
     print("measured = Llama-3-8B MLP rows x 32 layers + attention rows + emb + CPU rows; "
           "decode attention uses the row with the same KV bytes per layer (8 KV heads x 1024 "
           "tokens = the profiled 4 KV heads x 2048). 'operator' prices the same composition; "
-          "'runtime' is the simulator's PerfModel (adds the LM head GEMM). (%) = error in time.")
+          "'runtime' is the simulator's PerfModel (adds the LM head GEMM); 'curves' the one "
+          "before 2026-11-23 (no corrections, no size tables). (%) = error in time.")
     llama = calibrated("llama-3.1-8b", "a100", 1)
-    same_composition = Calibrated(llama.model, llama.gpu, 1, lm_head=False)
-    runtime = llama.to_perf_model()
+    same_composition = replace(llama, lm_head=False)
+    runtime = perf_model("llama-3.1-8b", "a100", 1)
+    curves = curves_perf_model("llama-3.1-8b", "a100", 1)
     for chunk in (512, 1024, 2048, 4096):
         measured = measured_llama3_8b(chunk, attention_ms(1, chunk, 0), 1)
         operator = same_composition.prefill_s(chunk)
         simulated = runtime.batch_time_s(0, 0, chunk, chunk * chunk)
+        before = curves.batch_time_s(0, 0, chunk, chunk * chunk)
         print(f"llama-3.1-8b prefill {chunk:4d} tokens: measured {chunk / measured:7,.0f} tok/s"
               f" | operator {chunk / operator:7,.0f} tok/s ({operator / measured - 1:+5.1%})"
-              f" | runtime {chunk / simulated:7,.0f} tok/s ({simulated / measured - 1:+5.1%})")
+              f" | runtime {chunk / simulated:7,.0f} tok/s ({simulated / measured - 1:+5.1%})"
+              f" | curves {chunk / before:7,.0f} tok/s ({before / measured - 1:+5.1%})")
     for batch in (1, 16, 64, 128):
         measured = measured_llama3_8b(batch, attention_ms(0, batch, 2048), batch)
         operator = same_composition.decode_step_s(batch, batch * 1024)
         simulated = runtime.batch_time_s(batch, batch * 1024, 0, 0)
+        before = curves.batch_time_s(batch, batch * 1024, 0, 0)
         print(f"llama-3.1-8b decode B={batch:3d} x 1024 ctx: measured {measured * 1e3:5.1f} ms"
               f" | operator {operator * 1e3:5.1f} ms ({operator / measured - 1:+5.1%})"
-              f" | runtime {simulated * 1e3:5.1f} ms ({simulated / measured - 1:+5.1%})")
-    qwen = calibrated("qwen2.5-14b", "a100", 1)
-    runtime = qwen.to_perf_model()
+              f" | runtime {simulated * 1e3:5.1f} ms ({simulated / measured - 1:+5.1%})"
+              f" | curves {before * 1e3:5.1f} ms ({before / measured - 1:+5.1%})")
+    runtime = perf_model("qwen2.5-14b", "a100", 1)
     print("qwen2.5-14b: no measured rows for its shape (hidden 5120, 40/8 heads, FFN 13824); "
           "priced from the shape-general curves (see the leave-one-model-out check)")
     for chunk in (512, 1024, 2048, 4096):

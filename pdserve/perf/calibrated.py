@@ -52,8 +52,8 @@ class Calibrated:
     tp: int = 1
     ops: OperatorModel = field(default_factory=shipped_operator_model)
     lm_head: bool = True  # False: the profile's own step composition (no logits GEMM)
-    residuals: Residuals | None = None  # per-shape corrections on the A100 (opt-in:
-    # `perf/residuals.py` says why they are off by default)
+    residuals: Residuals | None = None  # per-shape corrections on the A100 (the presets
+    # set them, `presets.calibrated`; `perf/residuals.py` measures them)
 
     def __post_init__(self) -> None:
         check_tp(self.model, self.tp)

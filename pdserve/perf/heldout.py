@@ -10,12 +10,13 @@ nearest batch size / message size (interpolated; CPU rows start at batch 8, smal
 take batch 8's); neither is in a fit's held-out set here, they have their own held-out errors.
 
 Each held-out step is predicted three times: by the operator model (`Calibrated.pass_s`, the
-same composition, no LM head as the profile has none), by the runtime `PerfModel` the
-simulator uses (fitted over a grid of operator-model steps), and by that runtime model with
-per-size tables (`to_perf_model(size_tables=True)`: what the closed form misses at each
-decode batch size and prefill size, read off the operator model; opt-in). A table in the
-batch size keeps a decode span closed form (the batch is fixed within a span);
-`docs/results/fidelity.md` says what it measured.
+same composition, no LM head as the profile has none), by the runtime `PerfModel` fitted to
+it over a grid of operator-model steps, and by that runtime model with per-size tables
+(`to_perf_model(size_tables=True)`: what the closed form misses at each decode batch size
+and prefill size, read off the operator model). The simulator's default is the corrected
+operator model's runtime model with tables. A table in the batch size keeps a decode span
+closed form (the batch is fixed within a span); `docs/results/fidelity.md` says what it
+measured.
 """
 
 from __future__ import annotations

@@ -21,7 +21,12 @@ instance over 8 GPUs (compute split 8 ways, 2 all-reduces per layer, the 8 GPUs'
 weights and KV).
 
 `perf_model` is calibrated (`calibrated.py`): operator curves fitted to Vidur's measured A100
-timings (`pdserve/data/gpu_profiles/`). Only the A100 is measured; H800, H100, H20 and
+timings (`pdserve/data/gpu_profiles/`), with the per-shape corrections on the A100's profiled
+shapes (`residuals.py`), and the runtime model carries per-size tables (`fitted.py`) so it
+keeps what those corrections and the curves' own size steps add (held-out whole steps:
+`bench/calibration.py`, docs/results/fidelity.md). `curves_perf_model` is the model before
+the corrections and tables (the default until 2026-11-23, kept to compare). Only the A100
+is measured; H800, H100, H20 and
 RTX 4090D use the same fitted efficiency curves scaled by each GPU's datasheet peaks
 (`specs.py`: HBM bandwidth for memory-bound terms, dense 16-bit TFLOP/s for compute-bound
 terms, one-way link bandwidth for all-reduce and KV transfer), with launch latencies and
@@ -40,6 +45,7 @@ from functools import lru_cache
 
 from pdserve.perf.calibrated import Calibrated
 from pdserve.perf.fitted import PerfModel
+from pdserve.perf.residuals import shipped_residuals
 from pdserve.perf.roofline import Roofline
 from pdserve.perf.specs import gpu_spec, model_spec
 
@@ -71,14 +77,26 @@ def roofline(model: str, gpu: str, tp: int | None = None) -> Roofline:
     return Roofline(model_spec(model), gpu_spec(gpu), tp or default_tp(model, gpu))
 
 
-def calibrated(model: str, gpu: str, tp: int | None = None) -> Calibrated:
-    return Calibrated(model_spec(model), gpu_spec(gpu), tp or default_tp(model, gpu))
+def calibrated(model: str, gpu: str, tp: int | None = None,
+               corrected: bool = True) -> Calibrated:
+    """The operator model; `corrected`: with the per-shape corrections (they apply on the
+    A100's profiled shapes only, `residuals.py`)."""
+    return Calibrated(model_spec(model), gpu_spec(gpu), tp or default_tp(model, gpu),
+                      residuals=shipped_residuals() if corrected else None)
 
 
 @lru_cache(maxsize=64)
 def perf_model(model: str, gpu: str, tp: int | None = None) -> PerfModel:
-    """The runtime model for a model x gpu x tp, fitted to the calibrated operator model."""
-    return calibrated(model, gpu, tp).to_perf_model()
+    """The runtime model for a model x gpu x tp: fitted to the corrected operator model,
+    with per-size tables."""
+    return calibrated(model, gpu, tp).to_perf_model(size_tables=True)
+
+
+@lru_cache(maxsize=64)
+def curves_perf_model(model: str, gpu: str, tp: int | None = None) -> PerfModel:
+    """The runtime model fitted to the curves alone, no size tables (the default before
+    2026-11-23): what the reproductions' before/after comparisons ran on."""
+    return calibrated(model, gpu, tp, corrected=False).to_perf_model()
 
 
 @lru_cache(maxsize=64)

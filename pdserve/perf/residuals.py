@@ -17,16 +17,16 @@ Any other shape or GPU keeps the curve alone, so the leave-one-model-out check i
 Fitted by `calibrate.py` on the rows outside the held-out split only; shipped as
 `a100_residuals.json`.
 
-Off by default (`Calibrated.residuals=None`), because of what they measured. They bring
-the operators' held-out error to a median of 0.9-1.8 % and a P90 of 2.6-6.6 % (the curves
-alone: 3.3-8.5 % and 10-23 %). But the simulator runs on the closed-form `PerfModel` fitted
-to the operator model, which cannot follow tile-size steps, and fitted to the corrected
-operator model it predicts held-out whole steps worse: decode P90 7.6 % against 6.2 %,
-prefill 11.3 % against 6.5 %. The same holds on a three-times-denser fit grid. Per-size
-tables on the runtime model carry what the closed form misses (`to_perf_model(size_tables=
-True)`: 5.0 % and 5.2 %, better than the default); making that the default waits for the
-reproductions to be re-run on it. `bench/calibration.py` prints all three. They serve
-operator-level questions, with `Calibrated(..., residuals=shipped_residuals())`.
+On by default since 2026-11-23 (`presets.calibrated(..., corrected=True)`), together with
+per-size tables on the runtime model. They bring the operators' held-out error to a median
+of 0.9-1.8 % and a P90 of 2.6-6.6 % (the curves alone: 3.3-8.5 % and 10-23 %). The
+simulator runs on the closed-form `PerfModel` fitted to the operator model, which cannot
+follow tile-size steps: fitted to the corrected operator model without tables it predicts
+held-out whole steps worse than the curves alone (decode P90 7.6 % against 6.2 %, prefill
+11.3 % against 6.5 %), which is why they were off until the tables existed. Per-size tables
+carry what the closed form misses (`to_perf_model(size_tables=True)`: 5.0 % and 5.2 %).
+`bench/calibration.py` prints all three; `Calibrated(residuals=None)` or
+`presets.curves_perf_model` is the model without them.
 """
 
 from __future__ import annotations
