@@ -119,7 +119,8 @@ def describe_split(split: dict[str, list[float]]) -> dict[str, float]:
 
 def run_model(policy: str, log_dir: Path, base: PerfModel) -> PerfModel:
     """The runtime model of one live run, fitted to its own step log (the 1P1D policies:
-    prefill from instance 0, decode from instance 1; Arrow's flips blur that split)."""
+    prefill from the batches run in a prefill role, decode from those in a decode role, by
+    the driver's role log; runs logged before it existed: instance 0 and instance 1)."""
     if policy == "colocated":
         return fit_step_log(log_dir, base)
     return fit_step_log_by_role(log_dir, base, prefill_instance=0, decode_instance=1)

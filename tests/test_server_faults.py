@@ -23,6 +23,8 @@ from test_server import PROMPT, local_greedy
 
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.live.faults import EXIT_TOKEN_ENV, RAISE_TOKEN_ENV
+from pdserve.perf.step_log import read_role_log
+from pdserve.types import Role
 
 FAULT_TOKEN = 2047  # the tiny model's last token id; asserted absent from normal outputs
 
@@ -153,7 +155,8 @@ def test_a_killed_worker_is_restarted_and_takes_requests_again(tmp_path):
         assert 'pdserve_worker_up{instance="0",state="live"} 1.0' in metrics
 
 
-def test_with_the_last_prefill_worker_dead_the_cluster_still_serves(tmp_path):
+def test_with_the_last_prefill_worker_dead_the_cluster_still_serves(tmp_path, monkeypatch):
+    monkeypatch.setenv("PDSERVE_STEP_LOG", str(tmp_path / "logs"))  # the role log, checked last
     with running_server(tmp_path, instances=2, policy="arrow", prefill=1,
                         decode=1) as (base, driver):
         # first, healthy: metrics are typed, and an idle worker's freed KV shows
@@ -188,6 +191,9 @@ def test_with_the_last_prefill_worker_dead_the_cluster_still_serves(tmp_path):
         assert 'pdserve_pool_size{role="prefill"} 0' in metrics  # live members only
         assert 'pdserve_pool_size{role="mixed"} 1' in metrics
         assert 'pdserve_worker_up{instance="0",state="dead"} 0.0' in metrics
+    roles = read_role_log(tmp_path / "logs")  # the fidelity runs' per-role fit reads it
+    assert [role for _, role in roles[1]] == [Role.DECODE, Role.MIXED]
+    assert [role for _, role in roles[0]][0] is Role.PREFILL
 
 
 @pytest.mark.slow

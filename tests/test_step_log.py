@@ -7,8 +7,16 @@ import pytest
 
 from pdserve.perf.fit import fit_steps
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
-from pdserve.perf.step_log import StepLog, fit_step_log, fit_step_log_by_role, read_step_logs
-from pdserve.types import attn_units
+from pdserve.perf.step_log import (
+    ROLES_FILE,
+    StepLog,
+    fit_step_log,
+    fit_step_log_by_role,
+    read_role_log,
+    read_step_logs,
+    role_at,
+)
+from pdserve.types import Role, attn_units
 
 TRUE = PerfModel("truth", PrefillCoeffs(0.004, 2e-5, 3e-9), DecodeCoeffs(0.004, 3e-4, 2e-7),
                  TransferCoeffs(1e-4, 1e9), kv_bytes_per_token=1024, kv_capacity_tokens=32768)
@@ -123,3 +131,37 @@ def test_in_situ_fit_prices_the_mean_period_under_interference():
     measured = np.array([row[4] for row in rows])
     predicted = np.array([decode.step_s(d, c) for d, c, *_ in rows])
     assert predicted.mean() == pytest.approx(measured.mean(), rel=0.05)
+
+
+def test_a_run_that_flips_roles_is_fitted_by_the_role_each_batch_ran_in(tmp_path):
+    """Arrow-like: instance 0 prefills until t=100 and decodes after, instance 1 the other
+    way round, each draining its old role's work after the flip. In a decode role a step
+    costs TRUE + 2 ms (KV imports between steps); in a prefill role prefills cost 1.5x TRUE
+    (exports) and draining decode steps TRUE. The per-role fit follows the role log; the
+    per-instance split mixes each instance's decode steps from both roles."""
+    directory = tmp_path / "arrow"
+    logs = [StepLog(directory, 0), StepLog(directory, 1)]
+    (directory / ROLES_FILE).write_text("at_s,instance,role\n50.0,0,prefill\n50.0,1,decode\n"
+                                        "100.0,0,prefill->decode\n100.0,1,decode->prefill\n")
+    prefills = [(0, 0, tokens, attn_units(tokens, prior)) for tokens in (32, 64, 128, 256)
+                for prior in (0, 256)]
+    decodes = [(batch, batch * context, 0, 0) for batch in (1, 4, 16) for context in (100, 900)]
+    for phase, (prefilling, decoding) in enumerate(((0, 1), (1, 0))):
+        start_s = 60.0 + 50.0 * phase  # before the flip, then after it
+        for row in prefills:
+            logs[prefilling].record(*row, 1.5 * TRUE.batch_time_s(*row), start_s)
+        for row in decodes:
+            logs[prefilling].record(*row, TRUE.batch_time_s(*row), start_s)  # draining
+            logs[decoding].record(*row, TRUE.batch_time_s(*row) + 0.002, start_s)
+    for log in logs:
+        log.close()
+    assert role_at(read_role_log(directory)[1], 120.0) is Role.D_TO_P
+    assert role_at(read_role_log(directory)[1], 10.0) is Role.DECODE  # before any entry
+    fitted = fit_step_log_by_role(directory, BASE)
+    assert fitted.prefill.time_s(256, attn_units(256, 0)) == pytest.approx(
+        1.5 * TRUE.prefill.time_s(256, attn_units(256, 0)), rel=1e-3)
+    assert fitted.decode.step_s(8, 8 * 400) == pytest.approx(
+        TRUE.decode.step_s(8, 8 * 400) + 0.002, rel=1e-3)
+    (directory / ROLES_FILE).unlink()  # without the role log: by instance, roles mixed
+    mixed = fit_step_log_by_role(directory, BASE, prefill_instance=0, decode_instance=1)
+    assert mixed.decode.step_s(8, 8 * 400) < 0.9 * fitted.decode.step_s(8, 8 * 400)

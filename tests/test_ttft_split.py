@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ from pdserve.bench.client import ClientTimeline, replay
 from pdserve.bench.workload import Workload
 from pdserve.config import SimConfig
 from pdserve.live.timeline import read_timeline, split_ttft
+from pdserve.perf.step_log import read_role_log, read_timed_steps
 from pdserve.sim.runner import Experiment
-from pdserve.types import Request, add_control_latency
+from pdserve.types import Request, Role, add_control_latency
 
 
 def test_split_joins_by_response_id_and_parts_add_up_to_the_client_ttft():
@@ -56,10 +58,12 @@ def test_a_live_server_logs_each_requests_timeline_on_one_clock(tmp_path, monkey
     logs = tmp_path / "logs"
     monkeypatch.setenv("PDSERVE_STEP_LOG", str(logs))
     workload = Workload("four", np.arange(4) * 0.05, np.full(4, 24), np.full(4, 6))
+    began_s = time.monotonic()
     with running_server(tmp_path, instances=2, policy="static-pd", prefill=1,
                         decode=1) as (base, _):
         client: ClientTimeline = {}
         requests = asyncio.run(replay(base, workload, "tiny", 60, timeline=client))
+    ended_s = time.monotonic()
     assert all(r.finished for r in requests)
     driver = read_timeline(logs)
     assert len(driver) == 4 and len(client) == 4
@@ -70,3 +74,10 @@ def test_a_live_server_logs_each_requests_timeline_on_one_clock(tmp_path, monkey
     assert all(part >= 0 for values in split.values() for part in values)
     for request in requests:
         assert not math.isnan(request.first_token_s)
+    # the roles it started with, on the same clock, and every batch's start on it too
+    roles = read_role_log(logs)
+    assert [changes[0][1] for _, changes in sorted(roles.items())] == [Role.PREFILL,
+                                                                        Role.DECODE]
+    assert all(began_s <= changes[0][0] <= ended_s for changes in roles.values())
+    starts = [start for path in logs.glob("steps-*.csv") for _, start in read_timed_steps(path)]
+    assert starts and all(began_s <= start <= ended_s for start in starts)

@@ -116,7 +116,7 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
 
             self.workers = RayWorkers(workers, num_instances, ray)
         self._starting: set[int] = set()  # workers started on request, not yet ready
-        self.timeline = RequestTimeline.from_env()  # fidelity runs only
+        self.timeline = RequestTimeline.from_env(self.scheduler.roles)  # fidelity runs only
         self._batch_end_s = 0.0  # of the StepDone whose tokens are being handled
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
@@ -226,6 +226,8 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
                 self.metrics.count("flips")
                 self.role_changes.append((time.time(), action.instance_id, action.role.value,
                                           action.reason))
+                if self.timeline is not None:
+                    self.timeline.role(action.instance_id, action.role, time.monotonic())
                 log.info("instance %d -> %s: %s", action.instance_id, action.role.value,
                          action.reason)
             elif isinstance(action, SetChunkSize):

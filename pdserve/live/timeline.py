@@ -9,16 +9,23 @@ on the machine, so a client in another process can line its own send and receive
 with them: what lies between admission and the batch's end is what the simulator models
 (queueing and compute); the rest (HTTP, tokenizing, pipes, streaming) is the control
 plane's latency, `SimConfig.control_latency_s`.
+
+It also logs the roles the instances start with and every flip, with the same clock, to
+`DIR/roles-driver.csv` (`perf.step_log.ROLES_FILE`), so the step logs of a policy that
+flips roles can be fitted per role (`perf.step_log.fit_step_log_by_role`).
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from pdserve.perf.step_log import STEP_LOG_ENV
+from pdserve.perf.step_log import ROLE_COLUMNS, ROLES_FILE, STEP_LOG_ENV
+from pdserve.types import Role
 
 COLUMNS = ("request_id", "admitted_s", "batch_end_s", "driver_received_s")
 
@@ -32,17 +39,35 @@ class RequestTimeline:
         self._writer = csv.writer(self._file)
         if new:
             self._writer.writerow(COLUMNS)
+        roles_path = directory / ROLES_FILE
+        new = not roles_path.exists()
+        self._roles_file: TextIO = roles_path.open("a", newline="")
+        self._roles = csv.writer(self._roles_file)
+        if new:
+            self._roles.writerow(ROLE_COLUMNS)
 
     @classmethod
-    def from_env(cls) -> RequestTimeline | None:
+    def from_env(cls, roles: Sequence[Role] = ()) -> RequestTimeline | None:
+        """The timeline when `STEP_LOG_ENV` asks for one; `roles`: the instances' roles at
+        the start, logged now."""
         directory = os.environ.get(STEP_LOG_ENV)
-        return cls(Path(directory)) if directory else None
+        if not directory:
+            return None
+        timeline = cls(Path(directory))
+        for instance_id, role in enumerate(roles):
+            timeline.role(instance_id, role, time.monotonic())
+        return timeline
 
     def first_token(self, request_id: int, admitted_s: float, batch_end_s: float,
                     received_s: float) -> None:
         self._writer.writerow((request_id, f"{admitted_s:.6f}", f"{batch_end_s:.6f}",
                                f"{received_s:.6f}"))
         self._file.flush()
+
+    def role(self, instance_id: int, role: Role, at_s: float) -> None:
+        """`instance_id` holds `role` from `at_s` (`time.monotonic()`) on."""
+        self._roles.writerow((f"{at_s:.6f}", instance_id, role.value))
+        self._roles_file.flush()
 
 
 def read_timeline(directory: Path) -> dict[int, tuple[float, float, float]]:

@@ -7,17 +7,22 @@ environment, every live worker appends one CSV row per executed batch to
 `DIR/steps-<instance>.csv`. A row's time is the batch's *period*: from its start to the start
 of the worker's next batch, so it includes what the worker does between batches (reports,
 commands, KV imports on its own thread); a batch followed by idling is not logged, since the
-gap is waiting, not work. `fit_step_log` fits the runtime `PerfModel` to those rows
-(`pdserve.perf.fit.fit_steps`), keeping another model's transfer and KV figures, and
-records how far the prefill batches' periods spread around the fit
+gap is waiting, not work. Each row also carries when its batch started (`time.monotonic()`,
+one clock for every process on the machine), so a run whose roles changed can be split by
+the role each instance held then: the live driver logs the roles it starts with and every
+flip to `DIR/roles-driver.csv` (`live/timeline.py`). `fit_step_log` fits the runtime
+`PerfModel` to those rows (`pdserve.perf.fit.fit_steps`), keeping another model's transfer
+and KV figures, and records how far the prefill batches' periods spread around the fit
 (`PerfModel.prefill_step_cv`), which the simulator draws from (`sim/step_noise.py`).
 `docs/results/fidelity.md` measures what it changes.
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -27,10 +32,14 @@ import numpy as np
 
 from pdserve.perf.fit import fit_steps
 from pdserve.perf.fitted import PerfModel
+from pdserve.types import Role
 
 STEP_LOG_ENV = "PDSERVE_STEP_LOG"
 COLUMNS = ("decodes", "decode_context_tokens", "prefill_tokens", "prefill_attn_units",
-           "seconds")
+           "seconds", "start_s")
+StepRow = tuple[float, float, float, float, float]  # COLUMNS without the start
+ROLES_FILE = "roles-driver.csv"  # the live driver's roles over time (`live/timeline.py`)
+ROLE_COLUMNS = ("at_s", "instance", "role")
 
 
 class StepLog:
@@ -44,21 +53,23 @@ class StepLog:
         self._writer = csv.writer(self._file)
         if new:
             self._writer.writerow(COLUMNS)
-        self._pending: tuple[tuple[int, int, int, int], float] | None = None
+        self._pending: tuple[tuple[int, int, int, int], float, float] | None = None
+        self._started_monotonic_s = 0.0
 
     def batch_started(self, start_s: float) -> None:
         """A batch starts: the previous one, if the worker stayed busy since, is logged with
         the time from its start to now."""
         if self._pending is not None:
-            (decodes, context, tokens, units), began_s = self._pending
-            self.record(decodes, context, tokens, units, start_s - began_s)
+            (decodes, context, tokens, units), began_s, began_monotonic_s = self._pending
+            self.record(decodes, context, tokens, units, start_s - began_s, began_monotonic_s)
         self._pending = None
+        self._started_monotonic_s = time.monotonic()
 
     def batch_ran(self, decodes: int, decode_context_tokens: int, prefill_tokens: int,
                   prefill_attn_units: int, start_s: float) -> None:
         """The batch that started at `start_s` ran; it is logged when the next one starts."""
         self._pending = ((decodes, decode_context_tokens, prefill_tokens, prefill_attn_units),
-                         start_s)
+                         start_s, self._started_monotonic_s)
 
     def idle(self) -> None:
         self._pending = None
@@ -69,27 +80,32 @@ class StepLog:
         return cls(Path(directory), instance_id) if directory else None
 
     def record(self, decodes: int, decode_context_tokens: int, prefill_tokens: int,
-               prefill_attn_units: int, seconds: float) -> None:
+               prefill_attn_units: int, seconds: float, start_s: float = 0.0) -> None:
         self._writer.writerow((decodes, decode_context_tokens, prefill_tokens,
-                               prefill_attn_units, f"{seconds:.6f}"))
+                               prefill_attn_units, f"{seconds:.6f}", f"{start_s:.6f}"))
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
 
 
-def read_step_logs(paths: Iterable[Path]) -> list[tuple[float, float, float, float, float]]:
-    rows: list[tuple[float, float, float, float, float]] = []
-    for path in paths:
-        with path.open(newline="") as handle:
-            for record in csv.DictReader(handle):
-                decodes, context, tokens, units, seconds = (float(record[c]) for c in COLUMNS)
-                rows.append((decodes, context, tokens, units, seconds))
+def read_step_logs(paths: Iterable[Path]) -> list[StepRow]:
+    return [row for path in paths for row, _ in read_timed_steps(path)]
+
+
+def read_timed_steps(path: Path) -> list[tuple[StepRow, float]]:
+    """A step log's rows with their batches' start times (0 in logs written before the
+    start was logged)."""
+    rows: list[tuple[StepRow, float]] = []
+    with path.open(newline="") as handle:
+        for record in csv.DictReader(handle):
+            decodes, context, tokens, units, seconds = (float(record[c]) for c in COLUMNS[:5])
+            rows.append(((decodes, context, tokens, units, seconds),
+                         float(record.get("start_s") or 0.0)))
     return rows
 
 
-def prefill_step_cv(rows: list[tuple[float, float, float, float, float]],
-                    model: PerfModel) -> float:
+def prefill_step_cv(rows: list[StepRow], model: PerfModel) -> float:
     """The coefficient of variation of measured / modelled time over the batches with
     prefill work (what sets TTFT; a decode's TPOT averages its steps' spread away), 0 with
     fewer than 10 such batches."""
@@ -112,17 +128,65 @@ def fit_step_log(directory: Path, base: PerfModel) -> PerfModel:
     return replace(fitted, prefill_step_cv=prefill_step_cv(rows, fitted))
 
 
-def fit_step_log_by_role(directory: Path, base: PerfModel, prefill_instance: int,
-                         decode_instance: int) -> PerfModel:
-    """A disaggregated deployment's model: prefill fitted to the prefill worker's batches,
-    decode to the decode worker's (each one's periods include its own side of the KV
-    hand-off: the export on one, the import between steps on the other)."""
-    prefill_rows = read_step_logs(_logs(directory, str(prefill_instance)))
+def fit_step_log_by_role(directory: Path, base: PerfModel, prefill_instance: int = 0,
+                         decode_instance: int = 1) -> PerfModel:
+    """A disaggregated deployment's model: prefill fitted to the batches run in a prefill
+    role, decode to those run in a decode role (each one's periods include its own side of
+    the KV hand-off: the export on one, the import between steps on the other). With the
+    driver's role log (`ROLES_FILE`) each batch goes to the side its instance's role took
+    when the batch started, whichever instance ran it, so a policy that flips roles (Arrow)
+    has each side fitted to that role's batches; without one (logs from before it existed),
+    the sides are `prefill_instance`'s and `decode_instance`'s batches."""
+    roles = read_role_log(directory)
+    if roles:
+        prefill_rows, decode_rows = _rows_by_role(directory, roles)
+    else:
+        prefill_rows = read_step_logs(_logs(directory, str(prefill_instance)))
+        decode_rows = read_step_logs(_logs(directory, str(decode_instance)))
     prefill, _ = fit_steps(prefill_rows)
-    _, decode = fit_steps(read_step_logs(_logs(directory, str(decode_instance))))
+    _, decode = fit_steps(decode_rows)
     fitted = replace(base, name=f"{base.name}, fitted per role to {directory.name} step logs",
                      prefill=prefill, decode=decode)
     return replace(fitted, prefill_step_cv=prefill_step_cv(prefill_rows, fitted))
+
+
+def read_role_log(directory: Path) -> dict[int, list[tuple[float, Role]]]:
+    """instance -> its roles in time order, (from `time.monotonic()`, role), from
+    `ROLES_FILE` (empty without one)."""
+    path = directory / ROLES_FILE
+    roles: dict[int, list[tuple[float, Role]]] = {}
+    if path.exists():
+        with path.open(newline="") as handle:
+            for record in csv.DictReader(handle):
+                roles.setdefault(int(record["instance"]), []).append(
+                    (float(record["at_s"]), Role(record["role"])))
+    for changes in roles.values():
+        changes.sort(key=lambda change: change[0])
+    return roles
+
+
+def role_at(changes: list[tuple[float, Role]], at_s: float) -> Role:
+    """The role held at `at_s`: the last change at or before it (the first role before the
+    first change)."""
+    index = bisect.bisect_right([change_s for change_s, _ in changes], at_s) - 1
+    return changes[max(index, 0)][1]
+
+
+def _rows_by_role(directory: Path, roles: dict[int, list[tuple[float, Role]]]
+                  ) -> tuple[list[StepRow], list[StepRow]]:
+    prefill_rows: list[StepRow] = []
+    decode_rows: list[StepRow] = []
+    for path in _logs(directory, "*"):
+        changes = roles.get(int(path.stem.removeprefix("steps-")))
+        if not changes:
+            raise ValueError(f"{directory}: {path.name} has no instance in {ROLES_FILE}")
+        for row, start_s in read_timed_steps(path):
+            role = role_at(changes, start_s)
+            if role.takes_prefill:
+                prefill_rows.append(row)
+            if role.takes_decode:
+                decode_rows.append(row)
+    return prefill_rows, decode_rows
 
 
 def _logs(directory: Path, instance: str) -> list[Path]:
