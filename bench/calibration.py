@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from pdserve.perf import calibrate
+from pdserve.perf import calibrate, residual_fit
 from pdserve.perf.heldout import (
     LAYER_OPS,
     held_out_steps,
@@ -48,10 +48,10 @@ def operators() -> None:
               f"({error.rows} rows)")
     same = refit.to_json() == shipped.to_json()
     print(f"shipped a100_operators.json equals this refit: {same}")
-    residuals = calibrate.fit_operator_residuals(refit)
+    residuals = residual_fit.fit_operator_residuals(refit)
     print("\n== per operator, held-out rows, curves + per-shape corrections (perf/residuals.py; "
           "the A100's profiled shapes only; the default) ==")
-    for name, error in calibrate.held_out_errors_corrected(refit, residuals).items():
+    for name, error in residual_fit.held_out_errors_corrected(refit, residuals).items():
         print(f"{name:26s} median {error.median_pct:4.1f} %, P90 {error.p90_pct:5.1f} % "
               f"({error.rows} rows)")
     same = residuals.to_json() == shipped_residuals().to_json()

@@ -4,7 +4,8 @@ Every fit uses only the rows outside the held-out split (`profiles.held_out`) an
 relative error; the error on the held-out rows is stored with the curves. Needs scipy (the
 `calibrate` extra); the fitted curves are shipped, so nothing at run time fits.
 
-    python -m pdserve.perf.calibrate     # refit and rewrite a100_operators.json
+    python -m pdserve.perf.calibrate     # refit; rewrite a100_operators.json and
+                                         # a100_residuals.json (`residual_fit.py`)
 
 Notes on the data (`pdserve/data/gpu_profiles/`):
 - all-reduce rows up to 64 MB are fitted (the sizes a TP step sends). Rows with 2 GPUs ran
@@ -40,18 +41,9 @@ from pdserve.perf.operators import (
     OperatorModel,
     PrefillAttention,
     StreamCurve,
-    op_time_s,
 )
 from pdserve.perf.profiles import Table, load_table
-from pdserve.perf.residuals import (
-    MLP_OPS,
-    PER_OCTAVE,
-    RESIDUALS_FILE,
-    Residuals,
-    fit_attention_residuals,
-    fit_residuals,
-    shape_key,
-)
+from pdserve.perf.residuals import RESIDUALS_FILE
 from pdserve.perf.specs import GpuSpec, gpu_spec
 
 REFERENCE_GPU = "a100"
@@ -258,66 +250,13 @@ def held_out_errors(model: OperatorModel) -> dict[str, HeldOutError]:
     return held
 
 
-def fit_operator_residuals(model: OperatorModel) -> Residuals:
-    """Per-shape corrections of the MLP-file ops' curves (`residuals.py`), from the rows
-    outside the held-out split."""
-    gpu = gpu_spec(model.reference_gpu)
-    train, _ = _split(load_table("mlp"))
-    shape = mlp_shape(train)
-    tables = {op: fit_residuals(np.asarray(shape_key(op, shape)), train["tokens"],
-                                train[op] * 1e-3,
-                                np.asarray(op_time_s(model, op, train["tokens"], shape, gpu)))
-              for op in MLP_OPS}
-    attention = {}
-    for kind, (first, second, curve) in _attention_curves(model, train=True).items():
-        rows = _attention_rows(kind, train=True)
-        attention[kind] = fit_attention_residuals(first, second,
-                                                  rows["with_reshape_ms"] * 1e-3, curve)
-    return Residuals(model.reference_gpu, PER_OCTAVE, tables, attention)
-
-
-def _attention_rows(kind: str, train: bool) -> Table:
-    attention = load_table("attention_70b_tp2")
-    rows = _split(attention.where(attention["prefill"] == (kind == "prefill")))
-    return rows[0] if train else rows[1]
-
-
-def _attention_curves(model: OperatorModel, train: bool
-                      ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per kind: the two binned dimensions and the curve's time of each row."""
-    gpu, kv_bytes = gpu_spec(model.reference_gpu), PROFILED_LAYOUT.kv_bytes_per_token
-    decode, prefill = _attention_rows("decode", train), _attention_rows("prefill", train)
-    return {
-        "decode": (decode["batch"], decode["kv_tokens"], np.asarray(
-            model.decode_attention.time_s(decode["batch"], decode["batch"] * decode["kv_tokens"],
-                                          kv_bytes, gpu))),
-        "prefill": (prefill["chunk"], prefill["kv_tokens"], np.asarray(
-            model.prefill_attention.time_s(prefill["chunk"], prefill["kv_tokens"], 1.0,
-                                           kv_bytes, gpu, gpu)))}
-
-
-def held_out_errors_corrected(model: OperatorModel,
-                              residuals: Residuals) -> dict[str, HeldOutError]:
-    """The MLP-file ops' held-out error with the per-shape corrections applied."""
-    gpu = gpu_spec(model.reference_gpu)
-    _, test = _split(load_table("mlp"))
-    shape = mlp_shape(test)
-    errors = {op: held_out_error(np.asarray(op_time_s(model, op, test["tokens"], shape, gpu,
-                                                      residuals)), test[op] * 1e-3)
-              for op in MLP_OPS}
-    for kind, (first, second, curve) in _attention_curves(model, train=False).items():
-        factor = np.array([residuals.attention_factor(kind, a, b)
-                           for a, b in zip(first, second, strict=True)])
-        errors[f"attn_{kind}"] = held_out_error(
-            curve * factor, _attention_rows(kind, train=False)["with_reshape_ms"] * 1e-3)
-    return errors
-
-
 def main() -> None:
     model = fit_operator_model()
     folder = Path(__file__).resolve().parent.parent / "data" / "gpu_profiles"
     out = folder / OPERATORS_FILE
     out.write_text(model.to_json())
+    from pdserve.perf.residual_fit import fit_operator_residuals  # it imports this module
+
     (folder / RESIDUALS_FILE).write_text(fit_operator_residuals(model).to_json())
     for name, error in model.held_out.items():
         print(f"{name:26s} held-out rows {error.rows:5d}  median {error.median_pct:5.1f} %  "

@@ -89,8 +89,17 @@ class Calibrated:
         if self.tp == 1:
             return 0.0
         curve = self.ops.all_reduce[self.gpu.interconnect]
-        return float(curve.all_reduce_s(tokens * self.model.hidden * self.model.dtype_bytes,
-                                        self.tp, self.gpu.link_gb_s))
+        num_bytes = tokens * self.model.hidden * self.model.dtype_bytes
+        time = float(curve.all_reduce_s(num_bytes, self.tp, self.gpu.link_gb_s))
+        return time * self._link_factor(f"all_reduce_{self.gpu.interconnect}", self.tp,
+                                        num_bytes)
+
+    def _link_factor(self, link: str, gpus: int, num_bytes: float) -> float:
+        """The per-size correction of a link curve where it was measured: the reference
+        GPU, that link, that many GPUs (`residuals.py`); 1 elsewhere."""
+        if self.residuals is None or self.gpu.name != self.residuals.reference_gpu:
+            return 1.0
+        return float(self.residuals.factor(link, str(gpus), num_bytes))
 
     def layer_s(self, tokens: int, chunks: list[tuple[int, int]], decodes: int,
                 context_tokens: int) -> float:
@@ -149,7 +158,8 @@ class Calibrated:
         if self.gpu.interconnect != "nvlink":  # no PCIe send/recv rows: PCIe's efficiency
             curve = replace(curve, efficiency=self.ops.all_reduce["pcie"].efficiency)
         per_call = num_bytes / calls / self.tp  # each GPU pair sends its shard of a call
-        return calls * float(curve.send_s(per_call, self.gpu.link_gb_s))
+        return calls * float(curve.send_s(per_call, self.gpu.link_gb_s)) * self._link_factor(
+            f"send_recv_{self.gpu.interconnect}", 2, per_call)
 
     def to_perf_model(self, max_batch_size: int = 256, size_tables: bool = False) -> PerfModel:
         """Fit the simulator's runtime model to these step times over the range serving uses.

@@ -7,6 +7,13 @@ this with a regression over the profile rows themselves; here each (operator, la
 keeps the median log-ratio measured / curve in bins of `PER_OCTAVE` per doubling of tokens,
 interpolated linearly in log2(tokens) (flat beyond the ends).
 
+The links get a table per message size too: all-reduce over NVLink (2 GPUs) and PCIe (4
+GPUs) and NVLink send/recv, keyed by the number of GPUs. Their rows hold one measurement per
+size with bimodal repeats (all-reduce over NVLink: most near 60 us, streaks near 10 us), so
+each grid point takes the median of the 15 rows nearest in size (`fit_rolling_residuals`),
+applied by `Calibrated.all_reduce_s` / `transfer_s` on the reference GPU with that link and
+that many GPUs.
+
 A correction applies only where it was measured: the reference GPU and a layer shape
 (hidden, heads, KV heads, FFN width, TP degree) the profiles hold. Attention has one
 profiled layout (70B at TP 2); its corrections sit in bins of both dimensions (decode:
@@ -14,7 +21,7 @@ batch x context per sequence; prefill: new x prior tokens) and apply on the refe
 to every layout, on the assumption that the kernels' tiling steps follow those dimensions.
 Any other shape or GPU keeps the curve alone, so the leave-one-model-out check in
 `bench/calibration.py` (curves only) is the error to expect for an unprofiled model.
-Fitted by `calibrate.py` on the rows outside the held-out split only; shipped as
+Fitted by `residual_fit.py` on the rows outside the held-out split only; shipped as
 `a100_residuals.json`.
 
 On by default since 2026-11-23 (`presets.calibrated(..., corrected=True)`), together with
@@ -125,6 +132,26 @@ def fit_residuals(keys: np.ndarray, tokens: np.ndarray, measured_s: np.ndarray,
         first, last = int(present.min()), int(present.max())
         filled = np.interp(np.arange(first, last + 1), present, [medians[b] for b in present])
         table[str(name)] = (first, [round(float(v), 4) for v in filled])
+    return table
+
+
+def fit_rolling_residuals(keys: np.ndarray, sizes: np.ndarray, measured_s: np.ndarray,
+                          curve_s: np.ndarray, neighbours: int) -> dict[str, tuple[int, list]]:
+    """For sparse, noisy rows (the links': one row per size, bimodal repeats): at each
+    point of the `PER_OCTAVE` grid, the median log(measured / curve) of the `neighbours`
+    rows nearest in log2(size), so that a streak of a few fast repeats does not set it."""
+    ratio = np.log(measured_s / curve_s)
+    position = np.log2(np.maximum(sizes, 1.0))
+    table: dict[str, tuple[int, list]] = {}
+    for name in np.unique(keys):
+        rows = keys == name
+        first = int(np.floor(position[rows].min() * PER_OCTAVE))
+        last = int(np.ceil(position[rows].max() * PER_OCTAVE))
+        values = []
+        for knot in range(first, last + 1):
+            nearest = np.argsort(np.abs(position[rows] - knot / PER_OCTAVE))[:neighbours]
+            values.append(round(float(np.median(ratio[rows][nearest])), 4))
+        table[str(name)] = (first, values)
     return table
 
 
