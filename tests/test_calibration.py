@@ -15,7 +15,7 @@ from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, Transfer
 from pdserve.perf.heldout import held_out_steps, step_errors_pct
 from pdserve.perf.operators import OperatorModel, shipped_operator_model
 from pdserve.perf.presets import calibrated, perf_model
-from pdserve.perf.residuals import MLP_OPS, shipped_residuals
+from pdserve.perf.residuals import MLP_OPS, PER_OCTAVE, fit_rolling_residuals, shipped_residuals
 from pdserve.perf.specs import GPUS, gpu_spec, model_spec
 from pdserve.types import attn_units
 
@@ -234,3 +234,16 @@ def test_link_corrections_apply_where_the_link_was_measured():
     unchanged = Calibrated(model_spec("llama-3.1-8b"), gpu_spec("h800"), 2)
     assert h800.all_reduce_s(512) == unchanged.all_reduce_s(512)
     assert h800.transfer_s(10**8) == unchanged.transfer_s(10**8)
+
+
+def test_a_streak_of_fast_repeats_does_not_set_a_link_correction():
+    """Link rows: one per size, the curve off by a steady 10 % except a streak of 3 fast
+    repeats (a fifth of the time), as in the NVLink all-reduce rows. The rolling median of
+    15 neighbours keeps 1.1 through the streak; a bin of its own would take 0.2."""
+    sizes = np.geomspace(2**14, 2**24, 80)
+    measured = np.full(80, 1.1)
+    measured[40:43] = 0.2
+    table = fit_rolling_residuals(np.full(80, "2"), sizes, measured, np.ones(80), 15)
+    first, values = table["2"]
+    assert np.exp(values) == pytest.approx(1.1, rel=1e-3)
+    assert first == int(np.floor(14 * PER_OCTAVE))
