@@ -45,6 +45,7 @@ from functools import lru_cache
 
 from pdserve.perf.calibrated import Calibrated
 from pdserve.perf.fitted import PerfModel
+from pdserve.perf.operators import shipped_operator_model
 from pdserve.perf.residuals import shipped_residuals
 from pdserve.perf.roofline import Roofline
 from pdserve.perf.specs import gpu_spec, model_spec
@@ -80,9 +81,11 @@ def roofline(model: str, gpu: str, tp: int | None = None) -> Roofline:
 def calibrated(model: str, gpu: str, tp: int | None = None,
                corrected: bool = True) -> Calibrated:
     """The operator model; `corrected`: with the per-shape corrections (they apply on the
-    A100's profiled shapes only, `residuals.py`)."""
-    return Calibrated(model_spec(model), gpu_spec(gpu), tp or default_tp(model, gpu),
-                      residuals=shipped_residuals() if corrected else None)
+    A100's profiled shapes only, `residuals.py`; not even loaded for another GPU)."""
+    spec = gpu_spec(gpu)
+    measured_here = spec.name == shipped_operator_model().reference_gpu
+    return Calibrated(model_spec(model), spec, tp or default_tp(model, gpu),
+                      residuals=shipped_residuals() if corrected and measured_here else None)
 
 
 @lru_cache(maxsize=64)
