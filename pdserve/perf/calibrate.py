@@ -166,12 +166,12 @@ def fit_link(num_bytes: np.ndarray, measured_s: np.ndarray, link_gb_s: float,
     return LinkCurve(x[0] * 1e-6, x[1], x[2])
 
 
-def _split(table: Table) -> tuple[Table, Table]:
+def split_rows(table: Table) -> tuple[Table, Table]:
     """(rows every fit may use, held-out rows)."""
     return table.where(~table.held_out), table.where(table.held_out)
 
 
-def _link_rows() -> dict[str, tuple[Table, int | None, float]]:
+def link_rows() -> dict[str, tuple[Table, int | None, float]]:
     """Rows, workers (None: send/recv) and one-way link GB/s of each fitted link curve."""
     reduce, send = load_table("all_reduce"), load_table("send_recv")
     a100 = gpu_spec(REFERENCE_GPU)
@@ -186,7 +186,7 @@ def _link_rows() -> dict[str, tuple[Table, int | None, float]]:
     }
 
 
-def _link_curve(model: OperatorModel, name: str) -> LinkCurve:
+def link_curve(model: OperatorModel, name: str) -> LinkCurve:
     family, link = name.rsplit("_", 1)
     return (model.all_reduce if family == "all_reduce" else model.send_recv)[link]
 
@@ -194,14 +194,14 @@ def _link_curve(model: OperatorModel, name: str) -> LinkCurve:
 def fit_operator_model() -> OperatorModel:
     """Fit every curve on the rows outside the held-out split, then measure the held-out error."""
     gpu = gpu_spec(REFERENCE_GPU)
-    mlp_train, _ = _split(load_table("mlp"))
+    mlp_train, _ = split_rows(load_table("mlp"))
     attention = load_table("attention_70b_tp2")
-    decode_train, _ = _split(attention.where(attention["prefill"] == 0))
-    prefill_train, _ = _split(attention.where(attention["prefill"] == 1))
-    cpu_train, _ = _split(load_table("cpu_overheads"))
-    links = {name: fit_link(_split(rows)[0]["bytes"], _split(rows)[0]["ms"] * 1e-3, link,
+    decode_train, _ = split_rows(attention.where(attention["prefill"] == 0))
+    prefill_train, _ = split_rows(attention.where(attention["prefill"] == 1))
+    cpu_train, _ = split_rows(load_table("cpu_overheads"))
+    links = {name: fit_link(split_rows(rows)[0]["bytes"], split_rows(rows)[0]["ms"] * 1e-3, link,
                             workers)
-             for name, (rows, workers, link) in _link_rows().items()}
+             for name, (rows, workers, link) in link_rows().items()}
     fitted = OperatorModel(
         reference_gpu=REFERENCE_GPU,
         gemm={op: fit_gemm(mlp_train, op, gpu) for op in GEMM_OPS},
@@ -218,7 +218,7 @@ def held_out_errors(model: OperatorModel) -> dict[str, HeldOutError]:
     """Each curve's error on the held-out rows (no fit involved)."""
     gpu = gpu_spec(model.reference_gpu)
     held: dict[str, HeldOutError] = {}
-    _, test = _split(load_table("mlp"))
+    _, test = split_rows(load_table("mlp"))
     shape = mlp_shape(test)
     for op, curve in model.gemm.items():
         held[op] = held_out_error(curve.time_s(test["tokens"], *shape.gemm_dims(op), gpu),
@@ -228,22 +228,22 @@ def held_out_errors(model: OperatorModel) -> dict[str, HeldOutError]:
                                                       gpu), test[op] * 1e-3)
     attention = load_table("attention_70b_tp2")
     kv_bytes = PROFILED_LAYOUT.kv_bytes_per_token
-    _, test = _split(attention.where(attention["prefill"] == 0))
+    _, test = split_rows(attention.where(attention["prefill"] == 0))
     held["attn_decode"] = held_out_error(
         model.decode_attention.time_s(test["batch"], test["batch"] * test["kv_tokens"],
                                       kv_bytes, gpu), test["with_reshape_ms"] * 1e-3)
-    _, test = _split(attention.where(attention["prefill"] == 1))
+    _, test = split_rows(attention.where(attention["prefill"] == 1))
     held["attn_prefill"] = held_out_error(
         model.prefill_attention.time_s(test["chunk"], test["kv_tokens"], 1.0, kv_bytes, gpu,
                                        gpu), test["with_reshape_ms"] * 1e-3)
-    _, test = _split(load_table("cpu_overheads"))
+    _, test = split_rows(load_table("cpu_overheads"))
     multi = test["tp"] > 1
     held["cpu_overhead"] = held_out_error(
         np.where(multi, model.cpu.time_s(test["batch"], 2), model.cpu.time_s(test["batch"], 1)),
         cpu_total_s(test))
-    for name, (rows, workers, link) in _link_rows().items():
-        _, test = _split(rows)
-        curve = _link_curve(model, name)
+    for name, (rows, workers, link) in link_rows().items():
+        _, test = split_rows(rows)
+        curve = link_curve(model, name)
         predicted = (curve.send_s(test["bytes"], link) if workers is None
                      else curve.all_reduce_s(test["bytes"], workers, link))
         held[name] = held_out_error(predicted, test["ms"] * 1e-3)

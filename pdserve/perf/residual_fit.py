@@ -13,11 +13,11 @@ import numpy as np
 
 from pdserve.perf.calibrate import (
     PROFILED_LAYOUT,
-    _link_curve,
-    _link_rows,
-    _split,
     held_out_error,
+    link_curve,
+    link_rows,
     mlp_shape,
+    split_rows,
 )
 from pdserve.perf.operators import HeldOutError, OperatorModel, op_time_s
 from pdserve.perf.profiles import Table, load_table
@@ -42,14 +42,14 @@ def fit_operator_residuals(model: OperatorModel) -> Residuals:
     """Per-shape corrections of the MLP-file ops' curves (`residuals.py`), from the rows
     outside the held-out split."""
     gpu = gpu_spec(model.reference_gpu)
-    train, _ = _split(load_table("mlp"))
+    train, _ = split_rows(load_table("mlp"))
     shape = mlp_shape(train)
     tables = {op: fit_residuals(np.asarray(shape_key(op, shape)), train["tokens"],
                                 train[op] * 1e-3,
                                 np.asarray(op_time_s(model, op, train["tokens"], shape, gpu)))
               for op in MLP_OPS}
-    for name, (rows, workers, _) in _link_rows().items():  # per message size (bytes)
-        train, _ = _split(rows)
+    for name, (rows, workers, _) in link_rows().items():  # per message size (bytes)
+        train, _ = split_rows(rows)
         tables[name] = fit_rolling_residuals(_link_keys(train, workers), train["bytes"],
                                              train["ms"] * 1e-3,
                                              _link_time_s(model, name, train), LINK_NEIGHBOURS)
@@ -67,15 +67,15 @@ def _link_keys(rows: Table, workers: int | None) -> np.ndarray:
 
 
 def _link_time_s(model: OperatorModel, name: str, rows: Table) -> np.ndarray:
-    _, workers, link = _link_rows()[name]
-    curve = _link_curve(model, name)
+    _, workers, link = link_rows()[name]
+    curve = link_curve(model, name)
     return np.asarray(curve.send_s(rows["bytes"], link) if workers is None
                       else curve.all_reduce_s(rows["bytes"], workers, link))
 
 
 def _attention_rows(kind: str, train: bool) -> Table:
     attention = load_table("attention_70b_tp2")
-    rows = _split(attention.where(attention["prefill"] == (kind == "prefill")))
+    rows = split_rows(attention.where(attention["prefill"] == (kind == "prefill")))
     return rows[0] if train else rows[1]
 
 
@@ -98,7 +98,7 @@ def held_out_errors_corrected(model: OperatorModel,
     """Held-out error with the per-shape corrections applied: the MLP-file ops, attention
     and the links (all-reduce and send/recv, per message size)."""
     gpu = gpu_spec(model.reference_gpu)
-    _, test = _split(load_table("mlp"))
+    _, test = split_rows(load_table("mlp"))
     shape = mlp_shape(test)
     errors = {op: held_out_error(np.asarray(op_time_s(model, op, test["tokens"], shape, gpu,
                                                       residuals)), test[op] * 1e-3)
@@ -108,8 +108,8 @@ def held_out_errors_corrected(model: OperatorModel,
                            for a, b in zip(first, second, strict=True)])
         errors[f"attn_{kind}"] = held_out_error(
             curve * factor, _attention_rows(kind, train=False)["with_reshape_ms"] * 1e-3)
-    for name, (rows, workers, _) in _link_rows().items():
-        _, test = _split(rows)
+    for name, (rows, workers, _) in link_rows().items():
+        _, test = split_rows(rows)
         factor = residuals.factor(name, _link_keys(test, workers), test["bytes"])
         errors[name] = held_out_error(_link_time_s(model, name, test) * factor,
                                       test["ms"] * 1e-3)
