@@ -28,20 +28,11 @@ import math
 from collections.abc import Callable, Sequence
 
 from pdserve.cluster.messages import (
-    Action,
     Arrival,
     ClusterView,
-    DispatchDecode,
-    DispatchPrefill,
     Finished,
     Migrate,
     PrefillDone,
-    Reject,
-    SetChunkSize,
-    SetPhasePriority,
-    SetRole,
-    StartInstance,
-    StopInstance,
     Tick,
 )
 from pdserve.cluster.scheduler import GlobalScheduler
@@ -52,6 +43,7 @@ from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.instance.queue_order import bind_order
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
+from pdserve.sim.actions import ActionApplier
 from pdserve.sim.blocks import BlockTable
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.kv_movement import TRANSFER_DONE, KVMovement
@@ -75,7 +67,7 @@ def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
     return len(heap) == 1 and heap[0][2] == _TICK
 
 
-class Simulator(KVMovement, InstanceLifecycle, SessionRoundsDriving):
+class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDriving):
     """`perf` is one performance model for every instance or one per instance; `topology`
     places the instances and names their links (default: all on one node, each on its own
     model's GPU link)."""
@@ -172,69 +164,6 @@ class Simulator(KVMovement, InstanceLifecycle, SessionRoundsDriving):
             self._session_kv.on_arrival(request)
         self._apply(self.scheduler.handle(Arrival(request), self.view))
 
-
-    # ---- actions ----
-    def _apply(self, actions: list[Action]) -> None:
-        now = self.view.now_s
-        for action in actions:
-            if type(action) is DispatchPrefill:
-                instance = self.instances[action.instance_id]
-                action.request.prefill_instance = action.instance_id
-                if action.request.home_instance >= 0:
-                    self._session_kv.on_dispatch_prefill(
-                        action.request, action.instance_id,
-                        self.scheduler.roles[action.instance_id])
-                self._touch(instance)
-                instance.local.enqueue_prefill(action.request)
-                if instance.local.history_reads and instance.plan is not None:
-                    self._start_history_reads(instance)  # idle ones start when kicked
-            elif type(action) is DispatchDecode:
-                self._dispatch_decode(action)
-            elif type(action) is Reject:
-                action.request.rejected_reason = action.reason
-                self._outstanding -= 1
-                self._completed += 1
-                if action.request.home_instance >= 0:  # its history is no longer needed
-                    self._session_kv.on_dispatch_decode(action.request, -1)
-                for later in self._rounds.rest_of_session(action.request):
-                    later.rejected_reason = f"an earlier round was rejected: {action.reason}"
-                    self._completed += 1
-            elif type(action) is SetRole:
-                self._role_changes.append(RoleChange(now, action.instance_id, action.role,
-                                                    action.reason))
-            elif type(action) is SetChunkSize:
-                instance = self.instances[action.instance_id]
-                self._touch(instance)
-                instance.local.chunk_size_tokens = action.chunk_size_tokens
-            elif type(action) is SetPhasePriority:
-                instance = self.instances[action.instance_id]
-                self._touch(instance)
-                instance.local.phase_priority = action.priority
-            elif type(action) is Migrate:
-                source = self.instances[action.source_id]
-                self._touch(source)  # the move happens at the source's next step boundary
-                self._migrations[action.request.request_id] = action
-                if source.plan is None:
-                    self._start_migrations(source)
-            elif type(action) is StopInstance:
-                self._stop_instance(action.instance_id, action.reason)
-            elif type(action) is StartInstance:
-                self._start_instance(action.instance_id, action.reason)
-            else:
-                raise ValueError(f"the simulator cannot apply {type(action).__name__} at "
-                                 f"t={now:.3f}s")
-
-    def _dispatch_decode(self, action: DispatchDecode) -> None:
-        request, source = action.request, self.instances[action.source_id]
-        if request.home_instance >= 0:
-            self._session_kv.on_dispatch_decode(request, action.target_id)
-        if action.target_id == action.source_id:
-            request.decode_instance = action.target_id
-            request.decode_in_place()
-            self._touch(source)
-            source.local.continue_in_place(request)
-        else:
-            self._send_kv(request, action.source_id, action.target_id)
 
     # ---- event handlers ----
     def _on_batch_done(self, instance: SimInstance) -> None:
