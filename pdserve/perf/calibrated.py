@@ -94,12 +94,19 @@ class Calibrated:
         return time * self._link_factor(f"all_reduce_{self.gpu.interconnect}", self.tp,
                                         num_bytes)
 
+    @property
+    def corrections(self) -> Residuals | None:
+        """The per-shape corrections where they apply at all: on the GPU they were measured
+        on (within it, each applies to the shapes and links it measured)."""
+        residuals = self.residuals
+        return residuals if residuals and self.gpu.name == residuals.reference_gpu else None
+
     def _link_factor(self, link: str, gpus: int, num_bytes: float) -> float:
-        """The per-size correction of a link curve where it was measured: the reference
-        GPU, that link, that many GPUs (`residuals.py`); 1 elsewhere."""
-        if self.residuals is None or self.gpu.name != self.residuals.reference_gpu:
-            return 1.0
-        return float(self.residuals.factor(link, str(gpus), num_bytes))
+        """The per-size correction of a link curve where it was measured: that link, that
+        many GPUs (`residuals.py`); 1 elsewhere."""
+        corrections = self.corrections
+        return 1.0 if corrections is None else float(
+            corrections.factor(link, str(gpus), num_bytes))
 
     def layer_s(self, tokens: int, chunks: list[tuple[int, int]], decodes: int,
                 context_tokens: int) -> float:
@@ -113,21 +120,19 @@ class Calibrated:
         else:
             total = float(layer_linear_s(ops, tokens, shape, gpu, self.residuals))
         total += 2 * self.all_reduce_s(tokens)
-        corrected = self.residuals is not None and gpu.name == self.residuals.reference_gpu
+        corrections = self.corrections
         for new, prior in chunks:
             time = float(ops.prefill_attention.time_s(new, prior, shape.q_head_scale,
                                                       shape.kv_bytes_per_token, gpu,
                                                       self.reference))
-            if corrected:
-                assert self.residuals is not None
-                time *= self.residuals.attention_factor("prefill", new, prior)
+            if corrections is not None:
+                time *= corrections.attention_factor("prefill", new, prior)
             total += time
         if decodes:
             time = float(ops.decode_attention.time_s(decodes, context_tokens,
                                                      shape.kv_bytes_per_token, gpu))
-            if corrected:
-                assert self.residuals is not None
-                time *= self.residuals.attention_factor("decode", decodes,
+            if corrections is not None:
+                time *= corrections.attention_factor("decode", decodes,
                                                         context_tokens / decodes)
             total += time
         return total

@@ -31,7 +31,7 @@ from typing import TextIO
 import numpy as np
 
 from pdserve.perf.fit import fit_steps
-from pdserve.perf.fitted import PerfModel
+from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs
 from pdserve.types import Role
 
 STEP_LOG_ENV = "PDSERVE_STEP_LOG"
@@ -123,9 +123,7 @@ def fit_step_log(directory: Path, base: PerfModel) -> PerfModel:
     no transfers)."""
     rows = read_step_logs(_logs(directory, "*"))
     prefill, decode = fit_steps(rows)
-    fitted = replace(base, name=f"{base.name}, fitted to {directory.name} step logs",
-                     prefill=prefill, decode=decode)
-    return replace(fitted, prefill_step_cv=prefill_step_cv(rows, fitted))
+    return _fitted(base, f"fitted to {directory.name} step logs", prefill, decode, rows)
 
 
 def fit_step_log_by_role(directory: Path, base: PerfModel, prefill_instance: int = 0,
@@ -145,8 +143,14 @@ def fit_step_log_by_role(directory: Path, base: PerfModel, prefill_instance: int
         decode_rows = read_step_logs(_logs(directory, str(decode_instance)))
     prefill, _ = fit_steps(prefill_rows)
     _, decode = fit_steps(decode_rows)
-    fitted = replace(base, name=f"{base.name}, fitted per role to {directory.name} step logs",
-                     prefill=prefill, decode=decode)
+    return _fitted(base, f"fitted per role to {directory.name} step logs", prefill, decode,
+                   prefill_rows)
+
+
+def _fitted(base: PerfModel, how: str, prefill: PrefillCoeffs, decode: DecodeCoeffs,
+            prefill_rows: list[StepRow]) -> PerfModel:
+    """`base` with fitted step costs and the spread of `prefill_rows` around them."""
+    fitted = replace(base, name=f"{base.name}, {how}", prefill=prefill, decode=decode)
     return replace(fitted, prefill_step_cv=prefill_step_cv(prefill_rows, fitted))
 
 
