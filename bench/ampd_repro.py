@@ -28,18 +28,19 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from pdserve.bench.metrics import summarize
-from pdserve.bench.sessions import AGENT_PROFILES, session_workload
 from pdserve.cluster.topology import Topology, gpu_link, network_link
+from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.planning.ampd import PlanInputs, feasible_degrees, plan
 from pdserve.planning.ampd_ilp import Deployment
 from pdserve.planning.ampd_verify import cluster_attainment, verify
-from pdserve.policies.ampd.presets import AMPD_VARIANTS, build_ampd_policy
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.ampd.preset import AMPD_VARIANTS, build_ampd_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, attn_units
+from pdserve.workload.sessions import AGENT_PROFILES, session_workload
 
 MODELS = {"qwen3-32b": 2, "llama-3.1-70b": 4}  # default tensor parallelism (the load's base)
 TP_CHOICES = {"qwen3-32b": (2, 4, 8), "llama-3.1-70b": (4, 8)}

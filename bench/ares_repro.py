@@ -30,13 +30,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from pdserve.bench.metrics import Summary
-from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.actions import Action
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.config import SimConfig
+from pdserve.metrics.summary import Summary
 from pdserve.policies.ares.rebalancer import AresRebalancer
 from pdserve.policies.base import Rebalancer
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.sim.records import SimResult, SimSettings
 from pdserve.sim.runner import Experiment, build_topology
 from pdserve.sim.simulator import Simulator

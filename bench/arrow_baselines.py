@@ -10,7 +10,7 @@ Llama-3.1-8B on 8 x H800 (`pdserve.perf.presets.perf_model("llama-3.1-8b", "h800
   arrow-no-dwell the same without the dwell time (pdserve's addition, measured both ways)
 Workloads and SLOs from Table 1 (azure-code TTFT 3 s / TPOT 0.1 s, azure-conv 2 s / 0.15 s,
 mooncake-conv 30 s / 0.1 s on its first 10 minutes). Goodput: the highest rate scale with
->= 90 % SLO attainment (`pdserve.bench.goodput`), bisected to --tolerance.
+>= 90 % SLO attainment (`pdserve.metrics.goodput`), bisected to --tolerance.
 
 1. Paper table: each policy on the full workloads at the paper's SLOs; at its goodput rate
    the P90 TTFT/TPOT, TTFT and TPOT attainment (which target binds) and flips per minute.
@@ -39,10 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.bench import plots
-from pdserve.bench.goodput import GoodputResult
-from pdserve.bench.metrics import tpot_s
 from pdserve.config import SimConfig
+from pdserve.metrics import plots
+from pdserve.metrics.goodput import GoodputResult
+from pdserve.metrics.summary import tpot_s
 from pdserve.perf.presets import perf_model
 from pdserve.sim.runner import Experiment
 from pdserve.sim.simulator import SimResult

@@ -25,13 +25,13 @@ from collections import Counter
 import numpy as np
 
 import pdserve.policies.arrow.prefill_router as prefill_router
-from pdserve.bench.traces import load_trace
 from pdserve.config import SimConfig
 from pdserve.perf.presets import perf_model
 from pdserve.policies.arrow.pools import least_delay
 from pdserve.policies.arrow.profiling import TtftPredictor, profile_ttft
 from pdserve.sim.runner import Experiment
 from pdserve.sim.simulator import SimResult
+from pdserve.workload.traces import load_trace
 
 RUNS = {  # workload: trace, TTFT SLO, TPOT SLO, duration, rate scale
     "azure-code": ("azure-code", 3.0, 0.10, None, 33.0),

@@ -22,9 +22,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.bench import plots
-from pdserve.bench.goodput import GoodputResult
 from pdserve.config import SimConfig
+from pdserve.metrics import plots
+from pdserve.metrics.goodput import GoodputResult
 from pdserve.sim.runner import Experiment
 
 TRACES = {

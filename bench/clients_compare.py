@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pdserve.bench.client import free_port, wait_until_healthy
 from pdserve.engine.tokenizer import write_shipped_hf_tokenizer
+from pdserve.live.replay_client import free_port, wait_until_healthy
 
 REQUESTS, RATE, PROMPT_TOKENS, OUTPUT_TOKENS, ROUNDS = 40, 2.0, 64, 16, 2
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import replace
 from functools import partial
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceStats

@@ -201,7 +201,7 @@ def _resident_worker(private: bool, ready, done) -> None:
     """A real `Worker` (model, shared KV pool, local scheduler) that runs one request."""
     from multiprocessing import Pipe
 
-    from pdserve.live.worker import Worker
+    from pdserve.worker.worker import Worker
 
     _, connection = Pipe()
     worker = Worker(0, "", 0, 64, 512, 64, connection)

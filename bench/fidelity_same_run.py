@@ -39,10 +39,10 @@ from live_fidelity import (
     stats_of,
 )
 
-from pdserve.bench.traces import load_trace
-from pdserve.bench.workload import Workload
 from pdserve.perf.fitted import PerfModel
 from pdserve.types import SLO
+from pdserve.workload.traces import load_trace
+from pdserve.workload.workload import Workload
 
 SECTIONS = {"at_knee": "at the benchmark's rate", "below_knee": "below it"}
 

@@ -38,8 +38,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from pdserve.bench.metrics import Summary
 from pdserve.config import SimConfig
+from pdserve.metrics.summary import Summary
 from pdserve.perf.presets import perf_model
 from pdserve.policies.flowkv.settings import FlowKVSettings, ScoreWeights
 from pdserve.sim.runner import Experiment

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdserve.bench.metrics import summarize
 from pdserve.config import SimConfig
+from pdserve.metrics.summary import summarize
 from pdserve.sim.runner import Experiment, build_topology
 
 BASE = SimConfig(trace="mooncake-conv", duration_s=600, policy="static-pd", prefill=4,

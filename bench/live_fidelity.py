@@ -57,18 +57,18 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.bench.client import ClientTimeline
-from pdserve.bench.live_replay import serve_and_replay
-from pdserve.bench.metrics import Summary, summarize
-from pdserve.bench.traces import load_trace
-from pdserve.bench.workload import Workload
 from pdserve.config import SimConfig
 from pdserve.engine.profile import ProfileGrid, profile_engine
+from pdserve.live.replay_client import ClientTimeline
+from pdserve.live.serve_and_replay import serve_and_replay
 from pdserve.live.timeline import read_timeline, split_ttft
+from pdserve.metrics.summary import Summary, summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.step_log import STEP_LOG_ENV, fit_step_log, fit_step_log_by_role
 from pdserve.sim.runner import Experiment
 from pdserve.types import SLO
+from pdserve.workload.traces import load_trace
+from pdserve.workload.workload import Workload
 
 POLICIES = {"colocated": (2, 2), "static-pd": (1, 1), "arrow": (1, 1)}  # prefill, decode
 KV_BLOCKS, CHUNK, MAX_BATCH, INSTANCES = 2048, 512, 64, 2

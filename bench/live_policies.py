@@ -22,14 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.bench.live_replay import serve_and_replay
-from pdserve.bench.metrics import Summary, summarize
-from pdserve.bench.traces import load_trace
 from pdserve.config import SimConfig
 from pdserve.engine.profile import ProfileGrid, profile_engine
+from pdserve.live.serve_and_replay import serve_and_replay
+from pdserve.metrics.summary import Summary, summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.sim.runner import Experiment
 from pdserve.types import SLO
+from pdserve.workload.traces import load_trace
 
 POLICIES = {"colocated": [], "static-pd": ["--prefill", "2", "--decode", "2"],
             "arrow": ["--prefill", "2", "--decode", "2"]}

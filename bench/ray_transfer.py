@@ -44,7 +44,8 @@ from pdserve.live.processes import WorkerSettings
 from pdserve.live.ray_cluster import LOOPBACK, RaySettings, use_loopback
 from pdserve.live.ray_kv import KVServer, object_store_pool, read_run, tcp_pool
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.types import SLO
 
 LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64  # SmolLM2-135M-Instruct's KV

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pdserve.bench.traces import SHIPPED_TRACES
 from pdserve.cluster.hardware import instances_arg
 from pdserve.cluster.topology import NETWORK_LINKS
 from pdserve.config import SimConfig
@@ -23,6 +22,7 @@ from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
 from pdserve.policies.taichi.settings import add_taichi_arguments
 from pdserve.predictor.cli import add_predictor_parser
 from pdserve.server.serve_cli import add_serve_parser
+from pdserve.workload.traces import SHIPPED_TRACES
 
 # flag -> SimConfig field, for flags whose name differs from the field
 _FIELD_OF = {"ttft_slo": "ttft_slo_s", "tpot_slo": "tpot_slo_s", "start": "start_s",
@@ -122,8 +122,8 @@ def _config_from_args(args: argparse.Namespace) -> SimConfig:
 def _run_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pdserve.bench import plots
-    from pdserve.bench.report import (
+    from pdserve.metrics import plots
+    from pdserve.metrics.report import (
         format_goodput,
         format_summary,
         write_requests_csv,
@@ -218,7 +218,7 @@ FEW_REQUESTS = 20  # fewer in a bench window: warn that its figures say little
 
 
 def bench_workload(args: argparse.Namespace):
-    from pdserve.bench.traces import load_trace
+    from pdserve.workload.traces import load_trace
 
     workload = load_trace(args.trace)
     if args.start:
@@ -234,10 +234,10 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     import httpx
 
-    from pdserve.bench import plots
-    from pdserve.bench.client import replay
-    from pdserve.bench.metrics import summarize
-    from pdserve.bench.report import format_summary, write_requests_csv, write_summary_json
+    from pdserve.live.replay_client import replay
+    from pdserve.metrics import plots
+    from pdserve.metrics.report import format_summary, write_requests_csv, write_summary_json
+    from pdserve.metrics.summary import summarize
     from pdserve.types import SLO
 
     slo = SLO(args.ttft_slo, args.tpot_slo)

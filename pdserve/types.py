@@ -2,7 +2,7 @@
 
 A `Request` carries both what the workload says (arrival, lengths) and what happened to
 it (tokens generated, timestamps, where it ran). The simulated and the live world fill the
-same fields, and `pdserve.bench.metrics` scores both from them.
+same fields, and `pdserve.metrics.summary` scores both from them.
 """
 
 from __future__ import annotations

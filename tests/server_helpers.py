@@ -11,7 +11,7 @@ from pathlib import Path
 import uvicorn
 from conftest import make_perf
 
-from pdserve.bench.client import free_port, wait_until_healthy
+from pdserve.live.replay_client import free_port, wait_until_healthy
 from pdserve.server.launch import ServeConfig, build_app
 
 

@@ -9,10 +9,10 @@ from functools import partial
 from multiprocessing import Pipe
 
 from pdserve.engine.sampling import SamplingParams
-from pdserve.live.messages import AddRequest
-from pdserve.live.worker import Worker
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
 from pdserve.policies.ampd.reordering import TtftAwareOrder
+from pdserve.worker.messages import AddRequest
+from pdserve.worker.worker import Worker
 
 # 1 ms per prompt token: a 500-token prompt takes 0.5 s, a 200-token one 0.2 s
 PERF = PerfModel("ms-per-token", PrefillCoeffs(0.0, 1e-3, 0.0),

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from conftest import make_perf
 
-from pdserve.bench.sessions import AGENT_PROFILES, session_workload
 from pdserve.cluster.topology import Topology
 from pdserve.instance.local_scheduler import LocalScheduler
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request, blocks_for
+from pdserve.workload.sessions import AGENT_PROFILES, session_workload
 
 PERF = make_perf()
 SLO_ = SLO(1.0, 0.1)

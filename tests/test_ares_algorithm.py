@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from pdserve.cluster.messages import ClusterView, Migrate
+from pdserve.cluster.actions import Migrate
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.decode_forecast import (
     DecodeForecast,

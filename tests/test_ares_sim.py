@@ -10,7 +10,8 @@ import pytest
 
 from pdserve.config import SimConfig
 from pdserve.policies.ares.rebalancer import AresRebalancer
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.sim.runner import Experiment, build_topology
 from pdserve.sim.simulator import Simulator
 

@@ -11,8 +11,8 @@ from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.length_predictor import PREDICTOR_FACTORIES, DecodeProgress
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.worker_forecast import WorkerForecast
 from pdserve.types import Request
+from pdserve.worker.forecast import WorkerForecast
 
 
 class HiddenProbe:

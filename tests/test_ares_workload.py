@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdserve.bench.long_output import CONTEXT_CAP_TOKENS, alpaca_long_lengths, sharegpt_long_lengths
-from pdserve.bench.synthetic import synthetic_workload
+from pdserve.workload.long_output import (
+    CONTEXT_CAP_TOKENS,
+    alpaca_long_lengths,
+    sharegpt_long_lengths,
+)
+from pdserve.workload.synthetic import synthetic_workload
 
 
 def test_sharegpt_long_matches_table_2() -> None:

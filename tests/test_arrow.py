@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from conftest import make_perf
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceStats

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_perf
 from test_arrow import DP, IDLE, PD, PROMPT, D, P, decoding, make, queued, tick
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.config import SimConfig
 from pdserve.instance.stats import InstanceStats

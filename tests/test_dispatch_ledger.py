@@ -16,9 +16,9 @@ from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.stats import InstanceStats
 from pdserve.live.dispatch_ledger import DispatchLedger
-from pdserve.live.messages import AddRequest, AdoptKV, Cancel
 from pdserve.policies.min_load import MinLoadPrefillRouter
 from pdserve.types import attn_units
+from pdserve.worker.messages import AddRequest, AdoptKV, Cancel
 
 PARAMS = SamplingParams(max_tokens=4)
 

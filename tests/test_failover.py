@@ -12,23 +12,17 @@ import torch
 from test_scheduler import IDLE, setup, view_of
 
 import pdserve.engine.engine as engine_module
-from pdserve.cluster.messages import (
-    Arrival,
-    DispatchPrefill,
-    InstanceFailed,
-    InstanceRecovered,
-    PrefillDone,
-    SetRole,
-)
+from pdserve.cluster.actions import DispatchPrefill, SetRole
+from pdserve.cluster.events import Arrival, InstanceFailed, InstanceRecovered, PrefillDone
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.engine.engine import Engine
 from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
 from pdserve.instance.local_scheduler import LocalScheduler
-from pdserve.live.batch_guard import run_guarded
 from pdserve.live.failover import MAX_RETRIES, verdict
 from pdserve.policies.presets import build_policy
 from pdserve.types import Request, Role
+from pdserve.worker.batch_guard import run_guarded
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 from conftest import make_perf
 
-from pdserve.cluster.messages import ClusterView, SetPhasePriority, StartInstance, StopInstance
+from pdserve.cluster.actions import SetPhasePriority, StartInstance, StopInstance
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import PhasePriority

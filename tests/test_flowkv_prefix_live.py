@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("torch")
 
 from pdserve.engine.sampling import SamplingParams  # noqa: E402
-from pdserve.live.messages import AddRequest, ContinueInPlace, Prefilled, StepDone  # noqa: E402
-from pdserve.live.worker import Worker  # noqa: E402
+from pdserve.worker.messages import AddRequest, ContinueInPlace, Prefilled, StepDone  # noqa: E402
+from pdserve.worker.worker import Worker  # noqa: E402
 
 
 def serve_one(worker: Worker, driver_end, request_id: int, prompt: tuple[int, ...],

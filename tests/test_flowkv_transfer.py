@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from conftest import make_perf
 
-from pdserve.bench.synthetic import synthetic_workload
 from pdserve.instance.local_scheduler import BatchPlan
 from pdserve.instance.segments import SegmentAllocator
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.sim.blocks import BlockTable
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO, Request, blocks_for
+from pdserve.workload.synthetic import synthetic_workload
 
 
 def run(requests: list[Request], span: int, **settings) -> SimResult:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.bench.metrics import (
+from pdserve.metrics.report import format_summary, write_requests_csv, write_summary_json
+from pdserve.metrics.summary import (
     summarize,
     tpot_from_decode_s,
     tpot_s,
     ttft_s,
     ttft_with_decode_queue_s,
 )
-from pdserve.bench.report import format_summary, write_requests_csv, write_summary_json
 from pdserve.types import SLO, Request
 
 

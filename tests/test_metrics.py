@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pdserve.bench.goodput import search_goodput
-from pdserve.bench.metrics import Summary, summarize, tpot_s, ttft_s
+from pdserve.metrics.goodput import search_goodput
+from pdserve.metrics.summary import Summary, summarize, tpot_s, ttft_s
 from pdserve.types import SLO, Request
 
 

@@ -149,9 +149,9 @@ def test_a_worker_serving_the_hidden_state_predictor_switches_capture_on(tiny, t
 
     from pdserve.instance.decode_forecast import ForecastSettings
     from pdserve.instance.local_scheduler import LocalScheduler
-    from pdserve.live.worker_forecast import WorkerForecast
     from pdserve.predictor.hidden_state import train_predictor
     from pdserve.predictor.mlp import TrainSettings
+    from pdserve.worker.forecast import WorkerForecast
 
     model, tokenizer = tiny
     predictor, _ = train_predictor(synthetic(requests=40), TrainSettings(epochs=2, seed=0))

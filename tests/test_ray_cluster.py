@@ -21,10 +21,10 @@ from server_helpers import running_server  # noqa: E402
 from test_server import PROMPT, local_greedy  # noqa: E402
 from test_server_faults import FAULT_TOKEN, complete, stream_text  # noqa: E402
 
-from pdserve.live.faults import EXIT_TOKEN_ENV  # noqa: E402
 from pdserve.live.processes import WorkerState  # noqa: E402
 from pdserve.live.ray_channel import ACTOR_CRASH_EXIT_CODE  # noqa: E402
 from pdserve.live.ray_cluster import LOOPBACK, RaySettings, use_loopback  # noqa: E402
+from pdserve.worker.faults import EXIT_TOKEN_ENV  # noqa: E402
 
 NODE_A, NODE_B = "pdserve-test-node-a", "pdserve-test-node-b"
 # instance 0 prefills on node A; decode instances 1 on node B, 2 on node A

@@ -7,16 +7,8 @@ from dataclasses import replace
 import pytest
 from conftest import make_perf
 
-from pdserve.cluster.messages import (
-    Arrival,
-    ClusterView,
-    DispatchDecode,
-    DispatchPrefill,
-    InstanceFailed,
-    PrefillDone,
-    Reject,
-    SetRole,
-)
+from pdserve.cluster.actions import DispatchDecode, DispatchPrefill, Reject, SetRole
+from pdserve.cluster.events import Arrival, ClusterView, InstanceFailed, PrefillDone
 from pdserve.cluster.roles import RoleBoard
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.instance.stats import InstanceStats, mean_token_interval_s
@@ -25,8 +17,9 @@ from pdserve.policies.min_load import (
     MinRunningTokensDecodeRouter,
     predicted_prefill_queue_s,
 )
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
 from pdserve.policies.round_robin import RoundRobinPrefillRouter
+from pdserve.policies.setup import PolicySetup
 from pdserve.policies.static_roles import StaticRoles
 from pdserve.types import SLO, Request, Role
 

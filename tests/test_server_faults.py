@@ -2,7 +2,7 @@
 that dies is restarted and serves again, the cluster keeps serving while a phase's last
 worker is down, and a re-run resumes after exactly the tokens the client has seen.
 
-Faults are injected with the test-only hooks of `pdserve/live/faults.py` (environment
+Faults are injected with the test-only hooks of `pdserve/worker/faults.py` (environment
 variables read by the worker processes) and by SIGKILL."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from server_helpers import running_server
 from test_server import PROMPT, local_greedy
 
 from pdserve.engine.tokenizer import TextTokenizer
-from pdserve.live.faults import EXIT_TOKEN_ENV, RAISE_TOKEN_ENV
 from pdserve.perf.step_log import read_role_log
 from pdserve.types import Role
+from pdserve.worker.faults import EXIT_TOKEN_ENV, RAISE_TOKEN_ENV
 
 FAULT_TOKEN = 2047  # the tiny model's last token id; asserted absent from normal outputs
 

@@ -10,7 +10,8 @@ from conftest import make_perf
 from pdserve.cluster.topology import Link, Topology, gpu_link
 from pdserve.config import SimConfig
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.sim.runner import build_topology, instances_per_node
 from pdserve.sim.simulator import SimSettings, Simulator
 from pdserve.types import SLO, Request

@@ -7,15 +7,16 @@ import math
 import pytest
 from conftest import make_perf
 
-from pdserve.bench.metrics import summarize
-from pdserve.bench.synthetic import synthetic_workload
-from pdserve.cluster.messages import Migrate
+from pdserve.cluster.actions import Migrate
 from pdserve.config import SimConfig
+from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.sim.runner import Experiment
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO, Request
+from pdserve.workload.synthetic import synthetic_workload
 
 DEFAULT_SLO = SLO(2.0, 0.15)
 

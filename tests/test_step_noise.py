@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from conftest import make_perf
 
-from pdserve.bench.workload import Workload
 from pdserve.config import SimConfig
 from pdserve.perf.fit import fit_steps
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs
 from pdserve.perf.step_log import prefill_step_cv
 from pdserve.sim.runner import Experiment
 from pdserve.types import Request, add_control_latency, attn_units
+from pdserve.workload.workload import Workload
 
 
 def sparse_prefills(count: int = 400) -> Workload:

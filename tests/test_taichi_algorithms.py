@@ -8,21 +8,12 @@ from dataclasses import replace
 import pytest
 from conftest import make_perf
 
-from pdserve.cluster.messages import (
-    Arrival,
-    ClusterView,
-    DispatchDecode,
-    DispatchPrefill,
-    Migrate,
-    PrefillDone,
-    Reject,
-    SetChunkSize,
-    Tick,
-)
+from pdserve.cluster.actions import DispatchDecode, DispatchPrefill, Migrate, Reject, SetChunkSize
+from pdserve.cluster.events import Arrival, ClusterView, PrefillDone, Tick
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.instance.stats import InstanceStats
-from pdserve.policies.taichi.policy import build_taichi
 from pdserve.policies.taichi.prefill_router import prefill_time_s
+from pdserve.policies.taichi.preset import build_taichi
 from pdserve.policies.taichi.settings import TaiChiLayout, TaiChiSettings
 from pdserve.types import SLO, Request, Role
 

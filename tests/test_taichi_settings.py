@@ -51,7 +51,7 @@ def test_hybrid_setting_differs_and_moves_decodes():
 
 
 def test_interference_intensity_separates_aggregation_from_disaggregation(tmp_path):
-    from pdserve.bench.report import write_requests_csv
+    from pdserve.metrics.report import write_requests_csv
 
     def run(config: SimConfig):
         experiment = Experiment.from_config(config)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdserve.bench.synthetic import synthetic_workload
-from pdserve.bench.traces import load_length_table
+from pdserve.workload.synthetic import synthetic_workload
+from pdserve.workload.traces import load_length_table
 
 
 def test_sharegpt_tables_are_filtered_at_2048_tokens():

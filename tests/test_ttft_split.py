@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from server_helpers import running_server
 
-from pdserve.bench.client import ClientTimeline, replay
-from pdserve.bench.workload import Workload
 from pdserve.config import SimConfig
+from pdserve.live.replay_client import ClientTimeline, replay
 from pdserve.live.timeline import read_timeline, split_ttft
 from pdserve.perf.step_log import read_role_log, read_timed_steps
 from pdserve.sim.runner import Experiment
 from pdserve.types import Request, Role, add_control_latency
+from pdserve.workload.workload import Workload
 
 
 def test_split_joins_by_response_id_and_parts_add_up_to_the_client_ttft():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from pdserve.live.faults import START_EXIT_ENV
 from pdserve.live.processes import WorkerProcesses, WorkerSettings, WorkerState
+from pdserve.worker.faults import START_EXIT_ENV
 
 
 def test_a_scaled_up_worker_that_cannot_start_is_reported_dead(monkeypatch):

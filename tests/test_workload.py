@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from pdserve.bench.synthetic import sample_lengths, synthetic_workload
-from pdserve.bench.traces import SHIPPED_TRACES, load_length_table, load_trace
+from pdserve.workload.synthetic import sample_lengths, synthetic_workload
+from pdserve.workload.traces import SHIPPED_TRACES, load_length_table, load_trace
 
 
 def test_shipped_traces_load_with_their_sizes():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from bisect import insort
 
-from pdserve.cluster.messages import SetRole, StartInstance, StopInstance
+from pdserve.cluster.actions import SetRole, StartInstance, StopInstance
 from pdserve.types import Role
 
 

@@ -22,22 +22,24 @@ instances through the role board, and a started instance is announced by the dri
 
 from __future__ import annotations
 
-from pdserve.cluster.coverage import PhaseCoverage
-from pdserve.cluster.messages import (
+from pdserve.cluster.actions import (
     Action,
-    Arrival,
-    ClusterView,
     DispatchDecode,
     DispatchPrefill,
+    Reject,
+    SetChunkSize,
+    StopInstance,
+)
+from pdserve.cluster.coverage import PhaseCoverage
+from pdserve.cluster.events import (
+    Arrival,
+    ClusterView,
     Event,
     Finished,
     InstanceFailed,
     InstanceRecovered,
     InstanceStarted,
     PrefillDone,
-    Reject,
-    SetChunkSize,
-    StopInstance,
     Tick,
 )
 from pdserve.cluster.roles import RoleBoard

@@ -39,7 +39,7 @@ from pdserve.engine.model import CausalLM, ForwardBatch, on_device
 from pdserve.engine.prefix_reuse import EnginePrefixReuse
 from pdserve.engine.prompt_logprobs import prompt_logprob_rows, record_prompt_logprobs
 from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
-from pdserve.engine.session_kv import SessionKVStore
+from pdserve.engine.sessions import SessionKVStore
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.instance.local_scheduler import BatchPlan

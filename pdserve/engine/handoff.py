@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pdserve.engine.kv_pool import PagedKVPool
-from pdserve.engine.session_kv import HistoryRef, SessionKVStore
+from pdserve.engine.sessions import HistoryRef, SessionKVStore
 from pdserve.engine.transfer import KVHandoff, copy_aligned
 from pdserve.instance.segments import SegmentAllocator
 from pdserve.types import blocks_for

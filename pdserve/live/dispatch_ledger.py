@@ -22,8 +22,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.messages import AddRequest, AdoptKV, Command
 from pdserve.types import attn_units
+from pdserve.worker.messages import AddRequest, AdoptKV, Command
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,6 @@ class Dispatch:
     tokens: int  # the prefill's tokens (prompt + resumed), or the decoding sequence's
 
 
-DISPATCHES = (AddRequest, AdoptKV)  # the commands that queue load on a worker
-
-
 def dispatch_of(command: Command, number: int) -> Dispatch | None:
     """The load `command` puts on its worker, or None for a command that queues nothing."""
     if isinstance(command, AddRequest):
@@ -45,12 +42,6 @@ def dispatch_of(command: Command, number: int) -> Dispatch | None:
     if isinstance(command, AdoptKV):
         return Dispatch(number, False, len(command.handoff.token_ids))
     return None
-
-
-def is_dispatch(command: object) -> bool:
-    """Whether a worker counts `command` in its `dispatches_received`: exactly the commands
-    `dispatch_of` numbers."""
-    return isinstance(command, DISPATCHES)
 
 
 class DispatchLedger:

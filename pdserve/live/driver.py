@@ -26,22 +26,19 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from pdserve.cluster.messages import (
+from pdserve.cluster.actions import (
     Action,
-    Arrival,
-    ClusterView,
     DispatchDecode,
     DispatchPrefill,
     Migrate,
-    PrefillDone,
     Reject,
     SetChunkSize,
     SetPhasePriority,
     SetRole,
     StartInstance,
     StopInstance,
-    Tick,
 )
+from pdserve.cluster.events import Arrival, ClusterView, PrefillDone, Tick
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.text_stream import TextStream
@@ -53,7 +50,16 @@ from pdserve.live import status
 from pdserve.live.dispatch_ledger import DispatchLedger
 from pdserve.live.failover import Failover
 from pdserve.live.lifecycle import WorkerLifecycle
-from pdserve.live.messages import (
+from pdserve.live.processes import WorkerProcesses, WorkerSettings
+from pdserve.live.ray_cluster import RaySettings
+from pdserve.live.requests import LiveRequest, Overloaded
+from pdserve.live.server_metrics import ServerMetrics
+from pdserve.live.sessions import HistoryReads, LiveSessions
+from pdserve.live.timeline import RequestTimeline
+from pdserve.live.token_stream import TokenStreams
+from pdserve.policies.base import Policy
+from pdserve.types import Request
+from pdserve.worker.messages import (
     AdoptKV,
     Cancel,
     Command,
@@ -72,15 +78,6 @@ from pdserve.live.messages import (
     Transferred,
     WorkerError,
 )
-from pdserve.live.metrics import ServerMetrics
-from pdserve.live.processes import WorkerProcesses, WorkerSettings
-from pdserve.live.ray_cluster import RaySettings
-from pdserve.live.requests import LiveRequest, Overloaded
-from pdserve.live.sessions import HistoryReads, LiveSessions
-from pdserve.live.timeline import RequestTimeline
-from pdserve.live.token_stream import TokenStreams
-from pdserve.policies.base import Policy
-from pdserve.types import Request
 
 __all__ = ["LiveDriver", "LiveRequest", "Overloaded"]
 log = logging.getLogger("pdserve.live")

@@ -20,11 +20,11 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdserve.cluster.messages import Arrival, ClusterView, InstanceFailed
+from pdserve.cluster.events import Arrival, ClusterView, InstanceFailed
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses
 from pdserve.live.requests import LiveRequest
+from pdserve.live.server_metrics import ServerMetrics
 from pdserve.types import Request
 
 if TYPE_CHECKING:

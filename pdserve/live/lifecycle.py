@@ -12,16 +12,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from pdserve.cluster.messages import (
-    ClusterView,
-    InstanceRecovered,
-    InstanceStarted,
-    StartInstance,
-    StopInstance,
-)
+from pdserve.cluster.actions import StartInstance, StopInstance
+from pdserve.cluster.events import ClusterView, InstanceRecovered, InstanceStarted
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.metrics import ServerMetrics
 from pdserve.live.processes import WorkerProcesses
+from pdserve.live.server_metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from pdserve.live.driver import LiveDriver

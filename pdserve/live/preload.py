@@ -7,6 +7,6 @@ import gc
 
 import torch  # noqa: F401
 
-import pdserve.live.worker  # noqa: F401
+import pdserve.worker.worker  # noqa: F401
 
 gc.freeze()

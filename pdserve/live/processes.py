@@ -35,9 +35,9 @@ from pdserve.engine.device import EngineDevice
 from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.messages import Command, ForgetPool, Shutdown, WorkerReady
-from pdserve.live.worker import worker_main
 from pdserve.perf.fitted import PerfModel
+from pdserve.worker.messages import Command, ForgetPool, Shutdown, WorkerReady
+from pdserve.worker.worker import worker_main
 
 
 @dataclass(frozen=True)

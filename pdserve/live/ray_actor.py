@@ -27,7 +27,7 @@ from pdserve.engine.transfer import attach_pool
 from pdserve.live.processes import WorkerSettings
 from pdserve.live.ray_channel import ActorHello
 from pdserve.live.ray_kv import READ_TIMEOUT_S, KVServer, object_store_pool, read_run, tcp_pool
-from pdserve.live.worker import Worker
+from pdserve.worker.worker import Worker
 
 ACTOR_CONCURRENCY = 4  # serve + peers' endpoint and object-store reads
 

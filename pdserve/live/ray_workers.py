@@ -24,7 +24,6 @@ from collections.abc import Callable, Collection
 import ray
 
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.messages import Command
 from pdserve.live.processes import (
     ExitHandler,
     ReadyHandler,
@@ -35,6 +34,7 @@ from pdserve.live.processes import (
 from pdserve.live.ray_actor import ACTOR_CONCURRENCY, WorkerHost
 from pdserve.live.ray_channel import ActorChannel, ActorProcess
 from pdserve.live.ray_cluster import RaySession, RaySettings
+from pdserve.worker.messages import Command
 
 ENV_PREFIXES = ("PDSERVE_", "HF_", "TORCH_")  # the driver's settings the workers follow
 

@@ -5,7 +5,7 @@ characters; `pdserve.server.app`). Requests of one session get one integer id, a
 to keep their KV where they finish (`retain_kv`), and carry the instance that finished the
 session's previous request (`home_instance`): AMPD's binding, which its routers follow, so
 the next round's prefill can start on that history. The worker reuses the history as far
-as the new prompt's tokens agree with it (`engine/session_kv.py`).
+as the new prompt's tokens agree with it (`engine/sessions.py`).
 
 The table keeps the `MAX_SESSIONS` most recently used sessions.
 
@@ -25,18 +25,18 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdserve.live.messages import (
+from pdserve.live.requests import LiveRequest
+from pdserve.types import Request
+from pdserve.worker.messages import (
     AddRequest,
     ExportHistory,
     HistoryCopied,
     HistoryExported,
     UnlockHistory,
 )
-from pdserve.live.requests import LiveRequest
-from pdserve.types import Request
 
 if TYPE_CHECKING:
-    from pdserve.engine.session_kv import HistoryRef
+    from pdserve.engine.sessions import HistoryRef
     from pdserve.live.driver import LiveDriver
 
 MAX_SESSIONS = 100_000

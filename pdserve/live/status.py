@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pdserve.live.metrics import Family
 from pdserve.live.processes import WorkerState
+from pdserve.live.server_metrics import Family
 
 if TYPE_CHECKING:
     from pdserve.live.driver import LiveDriver

@@ -10,12 +10,12 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from pdserve.cluster.messages import Finished
+from pdserve.cluster.events import Finished
 from pdserve.engine.sampling import TokenLogprob
-from pdserve.live.messages import Cancel
-from pdserve.live.metrics import ServerMetrics
 from pdserve.live.requests import LiveRequest
+from pdserve.live.server_metrics import ServerMetrics
 from pdserve.live.timeline import RequestTimeline
+from pdserve.worker.messages import Cancel
 
 if TYPE_CHECKING:
     from pdserve.live.driver import LiveDriver

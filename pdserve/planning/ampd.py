@@ -23,16 +23,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pdserve.bench.sessions import is_session_workload, session_workload
-from pdserve.bench.workload import Workload
 from pdserve.cluster.topology import Topology
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.perf.specs import check_tp, model_spec
 from pdserve.planning.ampd_ilp import INFEASIBLE, Deployment, solve
-from pdserve.policies.ampd.presets import build_ampd_policy
+from pdserve.policies.ampd.preset import build_ampd_policy
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request
+from pdserve.workload.sessions import is_session_workload, session_workload
+from pdserve.workload.workload import Workload
 
 DEGREES = (1, 2, 4, 8)
 STEADY_S = 20.0  # a replica's sessions arrive over at least this long (up to the cap),

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
 
-from pdserve.bench.metrics import summarize
 from pdserve.cluster.topology import Topology, gpu_link, network_link
+from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.planning.ampd import PlanInputs, replica_workload
 from pdserve.planning.ampd_ilp import Deployment
-from pdserve.policies.ampd.presets import build_ampd_policy
+from pdserve.policies.ampd.preset import build_ampd_policy
 from pdserve.sim.simulator import Simulator
 
 GPUS_PER_NODE = 8

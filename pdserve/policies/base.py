@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.actions import Action
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.phase_priority import PhasePriority

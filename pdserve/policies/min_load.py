@@ -11,7 +11,7 @@ load measure, without its SLO check).
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
 from pdserve.perf.fitted import PrefillCoeffs

@@ -11,7 +11,7 @@
 | ampd        | xPyD fixed    | AMPD Alg. 1    | bound (AMPD sec. 3)| AMPD (+ Alg. 2)   |
 | dynamo      | xPyD fixed    | always remote  | bound (AMPD sec. 3)| AMPD's Dynamo     |
 | continuum   | all mixed     | session affinity | in-place         | vLLM-Continuum-like |
-(`ampd-no-reorder` is ampd without Alg. 2; see policies/ampd/presets.py.)
+(`ampd-no-reorder` is ampd without Alg. 2; see policies/ampd/preset.py.)
 | taichi      | P-/D-heavy    | taichi (Alg. 2)| taichi (Alg. 1)    | TaiChi            |
 | vllm        | xPyD fixed    | min-load       | min-running-tokens | ARES's "vLLM"     |
 | reschedule-current | xPyD   | min-load       | min-running-tokens | + Alg. 1, current load |
@@ -19,75 +19,31 @@
 (Any preset takes ARES's rebalancer with `PolicySetup.rebalancer`; policies/ares/preset.py.)
 
 Any preset's routers can be swapped by name (`prefill_router`, `decode_router`), except
-taichi's, whose components share per-request state (`policies/taichi/policy.py`); its
+taichi's, whose components share per-request state (`policies/taichi/preset.py`); its
 sliders are `PolicySetup.prefill : decode` (R_PD) and `PolicySetup.taichi`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from pdserve.cluster.monitor import InstanceMonitor
-from pdserve.perf.fitted import PerfModel
-from pdserve.policies.ampd.presets import AMPD_VARIANTS, build_ampd_policy
+from pdserve.policies.ampd.preset import AMPD_VARIANTS, build_ampd_policy
 from pdserve.policies.ares.preset import ARES_PRESETS, attach_rebalancer
-from pdserve.policies.ares.settings import AresSettings
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.decode_router import ArrowDecodeRouter
 from pdserve.policies.arrow.prefill_router import ArrowPrefillRouter
-from pdserve.policies.arrow.profiling import TtftPredictor, max_running_tokens, profile_ttft
+from pdserve.policies.arrow.preset import arrow_context
 from pdserve.policies.arrow.role_manager import ArrowRoleManager
 from pdserve.policies.base import DecodeRouter, Policy, PrefillRouter, RoleManager
 from pdserve.policies.flowkv.preset import build_flowkv
-from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.in_place import InPlaceDecodeRouter
 from pdserve.policies.min_load import MinLoadPrefillRouter, MinRunningTokensDecodeRouter
 from pdserve.policies.round_robin import RoundRobinDecodeRouter, RoundRobinPrefillRouter
 from pdserve.policies.session_affinity import SessionAffinityPrefillRouter, SessionFirstOrder
+from pdserve.policies.setup import PolicySetup
 from pdserve.policies.static_roles import ColocatedRoles, StaticRoles
-from pdserve.policies.taichi.policy import build_taichi
-from pdserve.policies.taichi.settings import TaiChiSettings
-from pdserve.types import SLO, Role
-
-
-@dataclass(frozen=True)
-class PolicySetup:
-    """What building a policy may need: the cluster shape, the performance model (the
-    profile in the live world), SLOs and the instances' limits."""
-
-    perf: PerfModel
-    slo: SLO
-    instances: int = 8  # colocated presets
-    prefill: int = 4  # disaggregated presets: initial prefill / decode split
-    decode: int = 4
-    chunk_size_tokens: int = 2048
-    max_batch_size: int = 256
-    monitor_window_s: float = 5.0
-    arrow_min_dwell_s: float = 5.0
-    arrow_monitor_cooldown_s: float = 5.0
-    prefill_router: str = ""  # "" keeps the preset's
-    decode_router: str = ""
-    # per instance, when the cluster is heterogeneous or its roles are given (flowkv)
-    perfs: tuple[PerfModel, ...] = ()
-    roles: tuple[Role, ...] = ()
-    reserve: int = 0  # flowkv: instances held back for elastic scaling
-    flowkv: FlowKVSettings | None = None
-    prefix_aware: bool = True  # flowkv: prefill routing sees prefix-cache hits
-    taichi: TaiChiSettings = field(default_factory=TaiChiSettings)
-    rebalancer: str = ""  # "" keeps the preset's; ares | reschedule-current | none
-    ares: AresSettings = field(default_factory=AresSettings)
-
-
-def arrow_context(setup: PolicySetup) -> ArrowContext:
-    samples = profile_ttft(setup.perf, setup.chunk_size_tokens)
-    return ArrowContext(
-        ttft_slo_s=setup.slo.ttft_s, tpot_slo_s=setup.slo.tpot_s,
-        predictor=TtftPredictor.fit(samples), monitor=InstanceMonitor(setup.monitor_window_s),
-        max_running_tokens=max_running_tokens(setup.perf, setup.slo.tpot_s,
-                                              setup.max_batch_size),
-        max_batch_size=setup.max_batch_size, min_dwell_s=setup.arrow_min_dwell_s,
-        monitor_cooldown_s=setup.arrow_monitor_cooldown_s)
+from pdserve.policies.taichi.preset import build_taichi
 
 
 @dataclass(frozen=True)

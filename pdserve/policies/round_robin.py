@@ -7,7 +7,7 @@ failure simply changes the cycle.
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.types import Request
 

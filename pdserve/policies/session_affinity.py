@@ -9,7 +9,7 @@ requests (`SessionFirstOrder`), since they reuse cached KV and need less computa
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.perf.fitted import PrefillCoeffs
 from pdserve.policies.min_load import MinLoadPrefillRouter

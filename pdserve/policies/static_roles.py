@@ -7,7 +7,8 @@ fixed ratio of DistServe/Splitwise-style PD and of Arrow's ablation baselines).
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.actions import Action
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.types import Role
 

@@ -33,7 +33,7 @@ from pdserve.server.prepare import Prepared, prepare_chat, prepare_completion
 from pdserve.server.responses import Choice
 from pdserve.server.responses import Response as Reply
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest, prompt_schema
-from pdserve.server.session_header import session_key
+from pdserve.server.sessions import session_key
 from pdserve.server.validation import Limits
 
 log = logging.getLogger("pdserve.server")

@@ -20,14 +20,15 @@ from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
 from pdserve.live.ray_cluster import RaySettings
-from pdserve.live.worker_forecast import check_live_predictor
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.ares.settings import AresSettings
 from pdserve.policies.flowkv.settings import FlowKVSettings
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.policies.taichi.settings import TaiChiSettings
 from pdserve.server.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
 from pdserve.types import KV_BLOCK_TOKENS, SLO
+from pdserve.worker.forecast import check_live_predictor
 
 
 @dataclass

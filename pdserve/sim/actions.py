@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pdserve.cluster.messages import (
+from pdserve.cluster.actions import (
     Action,
     DispatchDecode,
     DispatchPrefill,
@@ -24,7 +24,7 @@ from pdserve.sim.records import RoleChange
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pdserve.cluster.messages import ClusterView
+    from pdserve.cluster.events import ClusterView
     from pdserve.cluster.scheduler import GlobalScheduler
     from pdserve.sim.instance import SimInstance
     from pdserve.sim.sessions import SessionKV, SessionRounds

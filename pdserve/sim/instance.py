@@ -9,7 +9,7 @@ already finished, so policies read the same numbers in both modes.
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.instance.decode_forecast import DecodeForecast, DecodeLoadTracker
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.perf.fitted import PerfModel

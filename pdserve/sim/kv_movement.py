@@ -14,7 +14,8 @@ from pdserve.types import Request
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pdserve.cluster.messages import ClusterView, Migrate
+    from pdserve.cluster.actions import Migrate
+    from pdserve.cluster.events import ClusterView
     from pdserve.perf.fitted import PerfModel
     from pdserve.sim.instance import SimInstance
     from pdserve.sim.links import LinkSimulator

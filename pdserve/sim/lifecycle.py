@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pdserve.cluster.messages import Action, ClusterView, InstanceStarted
+from pdserve.cluster.actions import Action
+from pdserve.cluster.events import ClusterView, InstanceStarted
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.records import SimSettings

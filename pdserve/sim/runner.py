@@ -9,23 +9,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from pdserve.bench.goodput import GoodputPoint, GoodputResult, search_goodput
-from pdserve.bench.metrics import Summary, summarize
-from pdserve.bench.sessions import is_session_workload, session_workload
-from pdserve.bench.synthetic import synthetic_workload
-from pdserve.bench.traces import load_trace
-from pdserve.bench.workload import Workload
 from pdserve.cluster.topology import GPU_LINK, Topology, gpu_link, network_link
 from pdserve.config import SimConfig, effective_prefix_block_tokens, effective_transfer_mode
 from pdserve.instance.phase_priority import parse_phase_priority
+from pdserve.metrics.goodput import GoodputPoint, GoodputResult, search_goodput
+from pdserve.metrics.summary import Summary, summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp, perf_model
 from pdserve.perf.specs import model_spec
 from pdserve.policies.flowkv.settings import FlowKVSettings
-from pdserve.policies.presets import PolicySetup, build_policy
+from pdserve.policies.presets import build_policy
+from pdserve.policies.setup import PolicySetup
 from pdserve.sim.hetero import check_layout_roles, heterogeneous_layout
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO, Role, add_control_latency
+from pdserve.workload.sessions import is_session_workload, session_workload
+from pdserve.workload.synthetic import synthetic_workload
+from pdserve.workload.traces import load_trace
+from pdserve.workload.workload import Workload
 
 
 def load_workload(config: SimConfig) -> Workload:

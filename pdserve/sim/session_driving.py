@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.perf.fitted import PerfModel
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.links import LinkSimulator

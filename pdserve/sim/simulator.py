@@ -27,14 +27,8 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from pdserve.cluster.messages import (
-    Arrival,
-    ClusterView,
-    Finished,
-    Migrate,
-    PrefillDone,
-    Tick,
-)
+from pdserve.cluster.actions import Migrate
+from pdserve.cluster.events import Arrival, ClusterView, Finished, PrefillDone, Tick
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.cluster.topology import Topology
 from pdserve.instance.decode_forecast import DecodeLoadTracker

@@ -9,7 +9,7 @@ driver sets `Request.home_instance` to the instance that decoded the previous ro
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.types import KV_BLOCK_TOKENS, Request
 

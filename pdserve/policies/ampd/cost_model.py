@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.min_load import predicted_prefill_queue_s
 from pdserve.types import Request, attn_units

@@ -3,7 +3,8 @@ feeds the windowed ITL of Algorithm 1, observed on every tick."""
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.actions import Action
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.ampd.context import AmpdContext
 from pdserve.policies.static_roles import StaticRoles

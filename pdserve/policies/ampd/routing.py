@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.ampd.binding import bound_decode_instance
 from pdserve.policies.ampd.context import AmpdContext

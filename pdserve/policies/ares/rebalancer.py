@@ -22,7 +22,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pdserve.cluster.messages import Action, ClusterView, Migrate
+from pdserve.cluster.actions import Action, Migrate
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.ares.classification import InstanceState, classify

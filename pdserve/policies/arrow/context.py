@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad

@@ -17,7 +17,7 @@ one (`ArrowContext.decode_target`, `can_take_decode`).
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.pools import try_move_prefill_to_decode

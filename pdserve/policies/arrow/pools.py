@@ -12,7 +12,7 @@ and 4 respect) and carries the caller's reason on its `SetRole`; settling carrie
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
 from pdserve.policies.arrow.context import ArrowContext

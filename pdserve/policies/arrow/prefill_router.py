@@ -14,7 +14,7 @@ back. When the P pool is empty, t2 stands in for t1 in the fallback.
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.pools import (

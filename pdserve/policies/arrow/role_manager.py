@@ -15,7 +15,8 @@ finished), so a drained instance changes pool at once rather than at the next ti
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.actions import Action
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.pools import (

@@ -17,7 +17,8 @@ not overloaded is the only help there is; the scaler acts as well.
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import Action, ClusterView, SetPhasePriority
+from pdserve.cluster.actions import Action, SetPhasePriority
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.policies.flowkv.context import FlowKVContext

@@ -12,7 +12,7 @@ only per tick, the tokens with every dispatch).
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.flowkv.context import FlowKVContext
 from pdserve.types import Request

@@ -11,7 +11,7 @@ imbalanced one the candidates include the decode instances lent to prefill.
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.prefix_cache import usable_hit_blocks
 from pdserve.policies.flowkv.context import FlowKVContext

@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.policies.base import Policy
 from pdserve.policies.flowkv.context import FlowKVContext
@@ -19,10 +17,8 @@ from pdserve.policies.flowkv.decode_router import FlowKVDecodeRouter
 from pdserve.policies.flowkv.prefill_router import FlowKVPrefillRouter
 from pdserve.policies.flowkv.role_manager import FlowKVRoleManager
 from pdserve.policies.flowkv.settings import FlowKVSettings
+from pdserve.policies.setup import PolicySetup
 from pdserve.types import Role
-
-if TYPE_CHECKING:
-    from pdserve.policies.presets import PolicySetup
 
 
 def flowkv_roles(setup: PolicySetup) -> list[Role]:

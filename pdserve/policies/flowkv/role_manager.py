@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.actions import Action
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.policies.flowkv.balance import PhaseBalancer

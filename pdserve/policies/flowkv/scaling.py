@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
 from pdserve.policies.flowkv.context import FlowKVContext

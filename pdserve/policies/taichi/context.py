@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.taichi.settings import TaiChiLayout, TaiChiSettings
 from pdserve.types import SLO, Request

@@ -10,7 +10,7 @@ Decode"), it decodes in place. Every placed decode is registered for Alg. 1.
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.taichi.context import TaiChiContext
 from pdserve.types import Request

@@ -21,7 +21,8 @@ carries its reason (`Migrate.reason`).
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import Action, ClusterView, Migrate
+from pdserve.cluster.actions import Action, Migrate
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
 from pdserve.policies.taichi.context import DecodeTrack, TaiChiContext

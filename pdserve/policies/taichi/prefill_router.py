@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import random
 
-from pdserve.cluster.messages import ClusterView
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
 from pdserve.perf.fitted import PerfModel

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdserve.bench.metrics import Summary
+from pdserve.metrics.summary import Summary
 
 
 @dataclass(frozen=True)

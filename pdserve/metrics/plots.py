@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pdserve.bench.goodput import GoodputResult  # noqa: E402
-from pdserve.bench.metrics import tpot_s, ttft_s  # noqa: E402
+from pdserve.metrics.goodput import GoodputResult  # noqa: E402
+from pdserve.metrics.summary import tpot_s, ttft_s  # noqa: E402
 from pdserve.types import SLO, Request  # noqa: E402
 
 

@@ -13,8 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pdserve.bench.goodput import GoodputResult
-from pdserve.bench.metrics import (
+from pdserve.metrics.goodput import GoodputResult
+from pdserve.metrics.summary import (
     Summary,
     e2e_s,
     interference_intensity,

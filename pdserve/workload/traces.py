@@ -8,7 +8,7 @@ Shipped (see pdserve/data/ATTRIBUTION.md for sources and licences):
   arxiv-lengths              arXiv summarization (input, output) lengths, no arrivals
                              (from Vidur, MIT) -- a length table for synthetic workloads
   sharegpt, sharegpt-first, arxiv-long   length tables derived from shipped data
-                             (`bench/length_tables.py`: ShareGPT rounds, Apache-2.0)
+                             (`workload/length_tables.py`: ShareGPT rounds, Apache-2.0)
 Formats read from a path, recognised by their header:
   pdserve CSV     arrival_s,input_tokens,output_tokens[,session_id,round][,hash_ids]
   Azure CSV       TIMESTAMP,ContextTokens,GeneratedTokens
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.bench.length_tables import DERIVED_LENGTH_TABLES
-from pdserve.bench.workload import Workload
+from pdserve.workload.length_tables import DERIVED_LENGTH_TABLES
+from pdserve.workload.workload import Workload
 
 SHIPPED_TRACES: dict[str, str] = {
     "azure-code": "azure_code_2023.csv",

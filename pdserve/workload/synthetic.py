@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdserve.bench.traces import load_length_table
-from pdserve.bench.workload import Workload
+from pdserve.workload.traces import load_length_table
+from pdserve.workload.workload import Workload
 
 
 def sample_lengths(spec: str, count: int, rng: np.random.Generator) -> tuple[np.ndarray,

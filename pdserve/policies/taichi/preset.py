@@ -10,7 +10,8 @@
 
 from __future__ import annotations
 
-from pdserve.cluster.messages import Action, ClusterView
+from pdserve.cluster.actions import Action
+from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy

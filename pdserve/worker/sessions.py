@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
-from pdserve.engine.session_kv import HistoryRef
+from pdserve.engine.sessions import HistoryRef
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.local_scheduler import LocalScheduler
 

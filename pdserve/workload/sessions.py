@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.bench.traces import load_trace
-from pdserve.bench.workload import Workload
+from pdserve.workload.traces import load_trace
+from pdserve.workload.workload import Workload
 
 THINK_TIME_S = 5.0
 LENGTH_CV = 0.6

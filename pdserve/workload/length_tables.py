@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.bench.long_output import alpaca_long_lengths, sharegpt_long_lengths
+from pdserve.workload.long_output import alpaca_long_lengths, sharegpt_long_lengths
 
 SHAREGPT_MAX_TOKENS = 2048  # TaiChi sec. 4.1: ShareGPT requests over 2048 tokens dropped
 ARXIV_LONG_MAX_TOKENS = 16384  # TaiChi sec. 4.1: arXiv requests over 16,384 tokens dropped
@@ -74,7 +74,7 @@ def arxiv_long_lengths(count: int = 20000, seed: int = 0) -> tuple[np.ndarray, n
 
 
 DERIVED_LENGTH_TABLES: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
-    "sharegpt-long": sharegpt_long_lengths,  # ARES Table 2 (bench/long_output.py)
+    "sharegpt-long": sharegpt_long_lengths,  # ARES Table 2 (workload/long_output.py)
     "alpaca-long": alpaca_long_lengths,
     "sharegpt": sharegpt_lengths,
     "sharegpt-first": sharegpt_first_lengths,

@@ -38,9 +38,14 @@ from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.instance.prefix_cache import PrefixCache, chain_hashes
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder, bind_order
-from pdserve.live.batch_guard import describe, run_guarded
-from pdserve.live.faults import exit_at_start_from_env, install_from_env
-from pdserve.live.messages import (
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.step_log import StepLog
+from pdserve.types import Request
+from pdserve.worker.batch_guard import describe, run_guarded
+from pdserve.worker.faults import exit_at_start_from_env, install_from_env
+from pdserve.worker.forecast import WorkerForecast
+from pdserve.worker.kv_moves import WorkerKV
+from pdserve.worker.messages import (
     AddRequest,
     AdoptKV,
     Cancel,
@@ -62,13 +67,8 @@ from pdserve.live.messages import (
     WorkerError,
     WorkerReady,
 )
-from pdserve.live.worker_forecast import WorkerForecast
-from pdserve.live.worker_kv import WorkerKV
-from pdserve.live.worker_reports import IDLE_REPORT_S, WorkerReports
-from pdserve.live.worker_sessions import WorkerSessions
-from pdserve.perf.fitted import PerfModel
-from pdserve.perf.step_log import StepLog
-from pdserve.types import Request
+from pdserve.worker.reports import IDLE_REPORT_S, WorkerReports
+from pdserve.worker.sessions import WorkerSessions
 
 
 def release_freed_memory() -> None:
@@ -90,7 +90,7 @@ class Worker(WorkerKV, WorkerReports):
         """`queue_order`: the policy's prefill queue order; one that reads the time and
         prefill estimates (AMPD's Alg. 2) gets `time.monotonic` and `perf`.
         `decode_forecast`: keep ARES's decode-load forecast and report it with the stats
-        (`live/worker_forecast.py`). `pool_name`: the KV pool's shared-memory name (default:
+        (`worker/forecast.py`). `pool_name`: the KV pool's shared-memory name (default:
         from the PID and instance); `device`: the engine's device and dtype (default the
         CPU, float32)."""
         torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""A worker's load reports to the driver (a mixin of `live/worker.py: Worker`).
+"""A worker's load reports to the driver (a mixin of `worker/worker.py: Worker`).
 
 Every step ends with a `StepDone` carrying the load after it; an idle worker sends a
 `StatsReport` when its load changed, when a dispatch arrived since its last report, and at
@@ -14,9 +14,8 @@ from multiprocessing.connection import Connection
 
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.stats import InstanceStats
-from pdserve.live.dispatch_ledger import is_dispatch
-from pdserve.live.messages import Command, StatsReport
-from pdserve.live.worker_forecast import WorkerForecast
+from pdserve.worker.forecast import WorkerForecast
+from pdserve.worker.messages import Command, StatsReport, is_dispatch
 
 IDLE_REPORT_S = 0.5  # an idle worker's load report interval (when its load changed)
 

@@ -13,8 +13,9 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.transfer import attach_pool
 from pdserve.instance.local_scheduler import LocalScheduler
-from pdserve.live.batch_guard import describe
-from pdserve.live.messages import (
+from pdserve.types import Request
+from pdserve.worker.batch_guard import describe
+from pdserve.worker.messages import (
     AdoptKV,
     Detach,
     Detached,
@@ -23,8 +24,7 @@ from pdserve.live.messages import (
     Transferred,
     WorkerError,
 )
-from pdserve.live.worker_sessions import WorkerSessions
-from pdserve.types import Request
+from pdserve.worker.sessions import WorkerSessions
 
 
 class WorkerKV:

@@ -66,7 +66,7 @@ def sample_outputs(shape: OutputShape, inputs: np.ndarray,
 
 def sharegpt_long_lengths(count: int = TABLE_ROWS, seed: int = 0) -> tuple[np.ndarray,
                                                                           np.ndarray]:
-    from pdserve.bench.length_tables import _sharegpt_rows
+    from pdserve.workload.length_tables import _sharegpt_rows
 
     firsts = np.array([m for _, rnd, m, _ in _sharegpt_rows() if rnd == 0 and m > 0],
                       dtype=np.int64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.engine.sampling import SamplingParams, TokenLogprob
-from pdserve.engine.session_kv import HistoryRef
+from pdserve.engine.sessions import HistoryRef
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.stats import InstanceStats
 
@@ -200,3 +200,12 @@ class WorkerError:
 Event = (WorkerReady | StepDone | Prefilled | Detached | Transferred | Executing
          | HistoryExported | HistoryCopied
          | StatsReport | WorkerError)
+
+
+DISPATCHES = (AddRequest, AdoptKV)  # the commands that queue load on a worker
+
+
+def is_dispatch(command: object) -> bool:
+    """Whether a worker counts `command` in its `dispatches_received` (the driver's
+    `DispatchLedger` numbers exactly these)."""
+    return isinstance(command, DISPATCHES)

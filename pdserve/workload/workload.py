@@ -22,7 +22,7 @@ class Workload:
     session_id: np.ndarray | None = None
     round_index: np.ndarray | None = None
     hash_ids: tuple[tuple[int, ...], ...] | None = None
-    # multi-round sessions (`pdserve.bench.sessions`): a round's prompt is `history_tokens`
+    # multi-round sessions (`pdserve.workload.sessions`): a round's prompt is `history_tokens`
     # of its session's earlier rounds plus new tokens; it is sent `tool_delay_s` after the
     # previous round finished (the simulator chains rounds; arrival_s counts for first rounds)
     history_tokens: np.ndarray | None = None

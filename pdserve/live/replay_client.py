@@ -6,7 +6,7 @@ server that accepts token prompts) and whose `max_tokens` is the trace's output 
 `ignore_eos` (vLLM's extension, which pdserve also takes) so outputs have that length.
 Times are taken on the client: TTFT at the first streamed text, the end at the last chunk,
 and the output length from the final usage chunk. The result is a list of `Request`
-records, scored by `pdserve.bench.metrics` exactly like a simulated run.
+records, scored by `pdserve.metrics.summary` exactly like a simulated run.
 
 Bounded: at most `max_in_flight` requests at once (later ones wait, their TTFT includes
 it) and `timeout_s` for the whole replay; whatever has not finished by then is recorded as
@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import httpx
 
-from pdserve.bench.workload import Workload
 from pdserve.types import Request
+from pdserve.workload.workload import Workload
 
 PROMPT_TOKEN_RANGE = (3, 1000)  # ids every shipped or common tokenizer has
 

@@ -13,9 +13,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pdserve.bench.client import ClientTimeline, free_port, replay, wait_until_healthy
-from pdserve.bench.workload import Workload
+from pdserve.live.replay_client import ClientTimeline, free_port, replay, wait_until_healthy
 from pdserve.types import SLO, Request
+from pdserve.workload.workload import Workload
 
 
 def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], perf_file: Path,

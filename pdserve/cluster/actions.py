@@ -1,69 +1,16 @@
-"""What flows into the global scheduler (events) and out of it (actions).
+"""What flows out of the global scheduler: actions, each a decision about the cluster.
 
-Both drivers, simulated and live, produce the same events and apply the same actions.
+Both drivers, simulated and live, apply the same actions. Decisions that change the cluster
+(roles, migrations, starts and stops, phase priorities) carry a `reason` that tests, logs and
+the dashboard read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pdserve.cluster.topology import Topology
 from pdserve.instance.phase_priority import PhasePriority
-from pdserve.instance.stats import InstanceLoad
 from pdserve.types import Request, Role
-
-# ---- events ----
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    request: Request
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillDone:
-    """A request's first prefill finished on `instance_id`; its KV is held there."""
-
-    request: Request
-    instance_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    request: Request
-    instance_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """The periodic monitor tick."""
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceFailed:
-    instance_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceRecovered:
-    """A failed instance is back (restarted, empty) with the role it had."""
-
-    instance_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceStarted:
-    """An instance a `StartInstance` asked for is up and empty: the world's start-up time
-    (a simulated delay, or a real worker loading its weights) has passed."""
-
-    instance_id: int
-
-
-Event = (Arrival | PrefillDone | Finished | Tick | InstanceFailed | InstanceRecovered
-         | InstanceStarted)
-
-# ---- actions ----
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,16 +97,3 @@ class StopInstance:
 
 Action = (DispatchPrefill | DispatchDecode | Reject | SetRole | SetChunkSize | Migrate
           | SetPhasePriority | StartInstance | StopInstance)
-
-
-@dataclass(slots=True)
-class ClusterView:
-    """The cluster as the global scheduler sees it: a time and each instance's load.
-
-    `instances[i]` is instance i. Drivers may reuse one view and update it in place.
-    `topology`, when the driver knows it, prices a KV transfer between two instances
-    (`topology.transfer_time_s(a, b, bytes)`) for policies' cost estimates."""
-
-    now_s: float
-    instances: Sequence[InstanceLoad]
-    topology: Topology | None = None
