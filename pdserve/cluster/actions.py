@@ -1,14 +1,20 @@
-"""What flows out of the global scheduler: actions, each a decision about the cluster.
+"""What flows out of the global scheduler: actions, each a decision about the cluster, and
+the one contract by which both worlds carry them out.
 
-Both drivers, simulated and live, apply the same actions. Decisions that change the cluster
-(roles, migrations, starts and stops, phase priorities) carry a `reason` that tests, logs and
-the dashboard read.
+Decisions that change the cluster (roles, migrations, starts and stops, phase priorities)
+carry a `reason` that tests, logs and the dashboard read. `World` is the contract: a method
+per action, implemented by the simulator and by the live driver; `apply_actions` is the one
+function that applies a list of actions to a world, taking the decisions both worlds share
+on the way (where a session round's history comes from: `cluster/sessions.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from pdserve.cluster.sessions import HistorySource, history_source
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.types import Request, Role
 
@@ -97,3 +103,73 @@ class StopInstance:
 
 Action = (DispatchPrefill | DispatchDecode | Reject | SetRole | SetChunkSize | Migrate
           | SetPhasePriority | StartInstance | StopInstance)
+
+
+class World(Protocol):
+    """What a driver does to carry out each action: a method per action. The simulator
+    (`sim/simulator.py`) and the live driver (`live/driver.py`) implement it; `apply_actions`
+    is the one place that turns actions into these calls, so an action added here and not
+    carried out by a world is a type error (and `tests/test_actions.py` checks both worlds at
+    run time)."""
+
+    def serving(self, instance_id: int) -> bool:
+        """Whether the instance is up (not stopped, not failed)."""
+
+    def dispatch_prefill(self, action: DispatchPrefill, history: HistorySource) -> None:
+        """Queue the prefill on its instance; `history` says where a session round's
+        history KV comes from (`cluster/sessions.py`)."""
+
+    def dispatch_decode(self, action: DispatchDecode) -> None:
+        """Continue the prefilled request on the target: in place, or its KV sent there."""
+
+    def reject(self, action: Reject) -> None:
+        """End the request unserved, with the reason."""
+
+    def set_role(self, action: SetRole) -> None:
+        """Record the instance's new role (the scheduler's board already has it)."""
+
+    def set_chunk_size(self, action: SetChunkSize) -> None:
+        """The instance's per-step token budget."""
+
+    def set_phase_priority(self, action: SetPhasePriority) -> None:
+        """Which phase the instance's local scheduler serves first."""
+
+    def migrate(self, action: Migrate) -> None:
+        """Move a running decode and its KV at the source's next step boundary."""
+
+    def start_instance(self, action: StartInstance) -> None:
+        """Bring a stopped instance up; announce `InstanceStarted` once it serves."""
+
+    def stop_instance(self, action: StopInstance) -> None:
+        """Stop an instance that holds no work."""
+
+
+def apply_actions(actions: Iterable[Action], world: World, roles: Sequence[Role]) -> None:
+    """Carry out the scheduler's actions in order. `roles`: the instances' roles as the
+    scheduler's board has them now (a dispatched session round's history decision needs
+    its instance's role)."""
+    for action in actions:
+        kind = type(action)
+        if kind is DispatchPrefill:
+            request, instance = action.request, action.instance_id  # type: ignore[union-attr]
+            world.dispatch_prefill(action, history_source(  # type: ignore[arg-type]
+                request, instance, roles[instance], world.serving(request.home_instance))
+                if request.history_tokens > 0 else HistorySource.NONE)
+        elif kind is DispatchDecode:
+            world.dispatch_decode(action)  # type: ignore[arg-type]
+        elif kind is Reject:
+            world.reject(action)  # type: ignore[arg-type]
+        elif kind is SetRole:
+            world.set_role(action)  # type: ignore[arg-type]
+        elif kind is SetChunkSize:
+            world.set_chunk_size(action)  # type: ignore[arg-type]
+        elif kind is SetPhasePriority:
+            world.set_phase_priority(action)  # type: ignore[arg-type]
+        elif kind is Migrate:
+            world.migrate(action)  # type: ignore[arg-type]
+        elif kind is StartInstance:
+            world.start_instance(action)  # type: ignore[arg-type]
+        elif kind is StopInstance:
+            world.stop_instance(action)  # type: ignore[arg-type]
+        else:
+            raise ValueError(f"no world can apply {kind.__name__}")

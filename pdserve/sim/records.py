@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdserve.sim.blocks import TRANSFER_MODES
-from pdserve.sim.sessions import SessionStats
 from pdserve.types import KV_BLOCK_TOKENS, Request, Role
 
 
@@ -28,6 +27,16 @@ class RoleChange:
     instance_id: int
     role: Role
     reason: str = ""  # the policy rule that decided it (`SetRole.reason`)
+
+
+@dataclass
+class SessionStats:
+    rounds: int = 0  # rounds after the first that arrived
+    history_evicted: int = 0  # their history KV had been evicted: re-prefilled
+    history_recomputed: int = 0  # prefilled away from the history: recomputed
+    history_read_bytes: float = 0.0  # read by remote prefills
+    local_prefills: int = 0  # rounds prefilled on their home (decode) instance
+    remote_prefills: int = 0  # rounds with a home prefilled elsewhere
 
 
 @dataclass

@@ -6,14 +6,15 @@ workload's arrival times. Its prompt is the history (earlier prompts and outputs
 tokens; the history's KV stays on the instance that decoded the previous round (the
 session's binding, `home_instance`) unless it was evicted there under memory pressure.
 
-Where the history goes, per dispatch:
-  prefill on the home instance       local: the prefill takes the history blocks over
-  prefill on a prefill-only instance remote: it reads the history from home when it heads
-                                     that queue (lazily), and hands back only the new KV
-  prefill on another instance that   no history there: the round recomputes it, and the
-  decodes (colocated elsewhere)      copy at home is dropped
-  decode on an instance other than   the hand-off carries the whole sequence and the copy at
-  home                               home is dropped
+Where a dispatched round's history comes from is decided once for both worlds
+(`cluster/sessions.py: history_source`); this module carries the decision out:
+  LOCAL      the prefill takes the history blocks over (`LocalScheduler.enqueue_prefill`)
+  READ       it reads the history from home when it heads its prefill queue (lazily,
+             `start_history_reads`, over the links) and hands back only the new KV
+  RECOMPUTE  no history there: the round recomputes it, and the copy at home is dropped
+  GONE       its history is gone (evicted, or home stopped): it computes it all
+and a decode continued on an instance other than home carries the whole sequence (the copy
+at home is dropped).
 Counters (`SessionStats`): rounds whose history had been evicted (a forced re-prefill),
 rounds that recomputed history for lack of affinity, history bytes read, local and remote
 prefills of rounds.
@@ -22,29 +23,14 @@ prefills of rounds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from pdserve.cluster.sessions import HistorySource
 from pdserve.instance.local_scheduler import LocalScheduler
-from pdserve.types import Request, Role
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryRead:
-    """A remote prefill reading its session's history KV from the home instance (a
-    transfer on the links, like a hand-off)."""
-
-    request: Request
-    instance_id: int  # the prefill instance
-
-
-@dataclass
-class SessionStats:
-    rounds: int = 0  # rounds after the first that arrived
-    history_evicted: int = 0  # their history KV had been evicted: re-prefilled
-    history_recomputed: int = 0  # prefilled away from the history: recomputed
-    history_read_bytes: float = 0.0  # read by remote prefills
-    local_prefills: int = 0  # rounds prefilled on their home (decode) instance
-    remote_prefills: int = 0  # rounds with a home prefilled elsewhere
+from pdserve.perf.fitted import PerfModel
+from pdserve.sim.instance import SimInstance
+from pdserve.sim.kv_transfers import KVTransfers
+from pdserve.sim.records import SessionStats
+from pdserve.types import Request
 
 
 class SessionRounds:
@@ -91,14 +77,27 @@ class SessionRounds:
         return rest
 
 
-class SessionKV:
-    """Where a round's history KV is, as the cluster's instances hold it."""
+class SimSessions:
+    """The sessions of a run: their rounds (`SessionRounds`) and where each round's history
+    KV is, as the cluster's instances hold it. `on_freed(instance_id)`: an instance got
+    blocks back (it may have been waiting for memory)."""
 
-    def __init__(self, locals_: Sequence[LocalScheduler], stats: SessionStats,
+    def __init__(self, locals_: Sequence[LocalScheduler], perfs: Sequence[PerfModel],
                  on_freed: Callable[[int], None]) -> None:
         self.locals = locals_
-        self.stats = stats
-        self.on_freed = on_freed  # an instance got blocks back (it may have been waiting)
+        self.perfs = perfs
+        self.on_freed = on_freed
+        self.rounds = SessionRounds(())
+
+    @property
+    def stats(self) -> SessionStats:
+        return self.rounds.stats
+
+    def load(self, requests: Sequence[Request]) -> list[Request]:
+        """Chain the rounds of a run's requests; returns those that arrive on their own
+        (single requests and first rounds, in arrival order)."""
+        self.rounds = SessionRounds(requests)
+        return self.rounds.first
 
     def on_arrival(self, request: Request) -> None:
         """Pin the history at home for this round; 0 tokens if it was evicted."""
@@ -113,22 +112,46 @@ class SessionKV:
         if not cached:
             self.stats.history_evicted += 1
 
-    def on_dispatch_prefill(self, request: Request, instance_id: int, role: Role) -> None:
-        home = request.home_instance
-        if request.history_tokens <= 0 or home < 0:
-            return
-        if instance_id == home:
+    def on_dispatch_prefill(self, request: Request, history: HistorySource) -> None:
+        """Carry out `history_source`'s decision for a round dispatched to prefill."""
+        if history is HistorySource.LOCAL:
             self.stats.local_prefills += 1
-            return
-        self.stats.remote_prefills += 1
-        if request.cached_prefix_tokens and role.takes_decode:
-            self._drop_at_home(request)
-            request.cached_prefix_tokens = 0
-            self.stats.history_recomputed += 1
+        elif history.remote:
+            self.stats.remote_prefills += 1
+            if history is HistorySource.RECOMPUTE:
+                self._drop_at_home(request)
+                request.cached_prefix_tokens = 0
+                self.stats.history_recomputed += 1
+            elif history is HistorySource.GONE and request.cached_prefix_tokens:
+                self._drop_at_home(request)  # home stopped: whatever it kept is gone
+                request.cached_prefix_tokens = 0
 
     def on_dispatch_decode(self, request: Request, target_id: int) -> None:
+        """A decode continued away from home carries its whole sequence: drop the copy."""
         if request.home_instance >= 0 and target_id != request.home_instance:
             self._drop_at_home(request)
+
+    def on_reject(self, request: Request, reason: str) -> int:
+        """A round was rejected: its history is no longer needed and the session's later
+        rounds can never be sent (rejected too); returns how many those were."""
+        if request.home_instance >= 0:
+            self._drop_at_home(request)
+        later = self.rounds.rest_of_session(request)
+        for after in later:
+            after.rejected_reason = f"an earlier round was rejected: {reason}"
+        return len(later)
+
+    def follow_up(self, request: Request, now_s: float) -> Request | None:
+        """The session's next round after `request` finished at `now_s`, or None."""
+        return self.rounds.follow_up(request, now_s)
+
+    def start_history_reads(self, instance: SimInstance, transfers: KVTransfers) -> None:
+        """Start the history reads of the rounds now heading `instance`'s prefill queue."""
+        for request in instance.local.history_reads_due():
+            num_bytes = (request.cached_prefix_tokens
+                         * self.perfs[request.home_instance].kv_bytes_per_token)
+            self.stats.history_read_bytes += num_bytes
+            transfers.read_history(request, instance.local.instance_id, num_bytes)
 
     def _drop_at_home(self, request: Request) -> None:
         home = self.locals[request.home_instance]

@@ -15,6 +15,14 @@ an instance's port share its bandwidth (`pdserve.sim.links`), and the prefill in
 the KV until the transfer is done. Each instance may have its own performance model
 (heterogeneous hardware): its batch times, its KV capacity and its intra-node link.
 
+Structure: the simulator is the event loop and the simulated side of the one driver
+contract (`cluster/actions.py: World`: a method per action, called by the shared
+`apply_actions`). It owns the clock, the event heap, the instances and the scheduler, and
+wires three collaborators that own their own state: `KVTransfers` (`sim/kv_transfers.py`:
+hand-offs, migrations and history reads on the links), `InstanceLifecycle`
+(`sim/lifecycle.py`: stopped instances and their time) and `SimSessions`
+(`sim/sessions.py`: rounds and where their history KV is).
+
 Token timing: at the end of each batch every decode records when its decode instance emitted
 its first and last token of the batch and the widest gap in between
 (`Request.record_decode_tokens`); for a span that is the last step, the longest, so the cost
@@ -27,9 +35,29 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from pdserve.cluster.actions import Migrate
-from pdserve.cluster.events import Arrival, ClusterView, Finished, PrefillDone, Tick
+from pdserve.cluster.actions import (
+    Action,
+    DispatchDecode,
+    DispatchPrefill,
+    Migrate,
+    Reject,
+    SetChunkSize,
+    SetPhasePriority,
+    SetRole,
+    StartInstance,
+    StopInstance,
+    apply_actions,
+)
+from pdserve.cluster.events import (
+    Arrival,
+    ClusterView,
+    Finished,
+    InstanceStarted,
+    PrefillDone,
+    Tick,
+)
 from pdserve.cluster.scheduler import GlobalScheduler
+from pdserve.cluster.sessions import HistorySource
 from pdserve.cluster.topology import Topology
 from pdserve.instance.decode_forecast import DecodeLoadTracker
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
@@ -37,21 +65,18 @@ from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.instance.queue_order import bind_order
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
-from pdserve.sim.actions import ActionApplier
 from pdserve.sim.blocks import BlockTable
 from pdserve.sim.instance import SimInstance
-from pdserve.sim.kv_movement import TRANSFER_DONE, KVMovement
+from pdserve.sim.kv_transfers import LINK_EVENT, KVTransfers
 from pdserve.sim.lifecycle import INSTANCE_STARTED, InstanceLifecycle
 from pdserve.sim.links import LinkSimulator
 from pdserve.sim.records import LoadSample, RoleChange, SimResult, SimSettings
-from pdserve.sim.session_driving import ARRIVAL, SessionRoundsDriving
-from pdserve.sim.sessions import (
-    SessionKV,
-    SessionRounds,
-)
+from pdserve.sim.sessions import SimSessions
 from pdserve.types import KV_BLOCK_TOKENS, Request, record_decode_tokens
 
-_BATCH_DONE, _TRANSFER_DONE, _TICK, _ARRIVAL = 0, TRANSFER_DONE, 2, ARRIVAL
+# event kinds on the heap
+_BATCH_DONE, _LINK_EVENT, _TICK, _ARRIVAL, _INSTANCE_STARTED = 0, LINK_EVENT, 2, 3, \
+    INSTANCE_STARTED
 
 
 STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
@@ -61,7 +86,7 @@ def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
     return len(heap) == 1 and heap[0][2] == _TICK
 
 
-class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDriving):
+class Simulator:
     """`perf` is one performance model for every instance or one per instance; `topology`
     places the instances and names their links (default: all on one node, each on its own
     model's GPU link)."""
@@ -78,7 +103,6 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
         if self.topology.num_instances != num_instances:
             raise ValueError(f"the topology places {self.topology.num_instances} instances, "
                              f"the cluster has {num_instances}")
-        self.links = LinkSimulator(self.topology)
         self.scheduler = GlobalScheduler(policy, num_instances)
         self.view = ClusterView(0.0, [], self.topology)
         self.instances = [
@@ -112,17 +136,12 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
         self._completed = 0
         self._arrivals_pending = False
         self._stalled_ticks = 0
-        self._migrations: dict[int, Migrate] = {}  # waiting for their source's step boundary
-        self._migrated = 0  # migrations that left their source
-        self._transfer_source: dict[int, int] = {}  # KV in flight: request -> source
-        self._transfer_start_s: dict[int, float] = {}  # KV on the wire: request -> start
-        self._link_event_s = math.inf  # when the pending link event is due
-        self._link_version = 0  # bumps when the pending link event is superseded
-        self._calls: dict[int, int] = {}  # transfer calls per request
-        self._rounds = SessionRounds(())
-        self._session_kv = SessionKV([i.local for i in self.instances], self._rounds.stats,
-                                     lambda i: self._touch(self.instances[i]))
-        self._init_lifecycle()
+        self.samples: list[LoadSample] = []
+        self.transfers = KVTransfers(self.instances, self.perfs, LinkSimulator(self.topology),
+                                     self.settings, self._clock, self._push, self._touch)
+        self.lifecycle = InstanceLifecycle(self.instances, self.settings.instance_startup_s)
+        self.sessions = SimSessions([i.local for i in self.instances], self.perfs,
+                                    lambda i: self._touch(self.instances[i]))
         self._apply(self.scheduler.initial_actions())  # reserves stopped, chunk sizes
 
     def _clock(self) -> float:
@@ -148,18 +167,77 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
                 if end is not None:
                     self._push(end, _BATCH_DONE, instance, instance.version)
                 if instance.local.history_reads:
-                    self._start_history_reads(instance)
+                    self.sessions.start_history_reads(instance, self.transfers)
         self._kicked.clear()
 
-    # ---- sessions ----
+    # ---- the scheduler's actions (`World`) ----
+    def _apply(self, actions: list[Action]) -> None:
+        apply_actions(actions, self, self.scheduler.board.roles)
+
+    def serving(self, instance_id: int) -> bool:
+        return instance_id not in self.lifecycle.stopped
+
+    def dispatch_prefill(self, action: DispatchPrefill, history: HistorySource) -> None:
+        request, instance = action.request, self.instances[action.instance_id]
+        request.prefill_instance = action.instance_id
+        if request.home_instance >= 0:
+            self.sessions.on_dispatch_prefill(request, history)
+        self._touch(instance)
+        instance.local.enqueue_prefill(request)
+        if instance.local.history_reads and instance.plan is not None:
+            self.sessions.start_history_reads(instance, self.transfers)  # idle: when kicked
+
+    def dispatch_decode(self, action: DispatchDecode) -> None:
+        request, source = action.request, self.instances[action.source_id]
+        if request.home_instance >= 0:
+            self.sessions.on_dispatch_decode(request, action.target_id)
+        if action.target_id == action.source_id:
+            request.decode_instance = action.target_id
+            request.decode_in_place()
+            self._touch(source)
+            source.local.continue_in_place(request)
+        else:
+            self.transfers.send(request, action.source_id, action.target_id)
+
+    def reject(self, action: Reject) -> None:
+        action.request.rejected_reason = action.reason
+        self._outstanding -= 1
+        self._completed += 1
+        if action.request.session_id >= 0:
+            self._completed += self.sessions.on_reject(action.request, action.reason)
+
+    def set_role(self, action: SetRole) -> None:
+        self._role_changes.append(RoleChange(self.view.now_s, action.instance_id, action.role,
+                                             action.reason))
+
+    def set_chunk_size(self, action: SetChunkSize) -> None:
+        instance = self.instances[action.instance_id]
+        self._touch(instance)
+        instance.local.chunk_size_tokens = action.chunk_size_tokens
+
+    def set_phase_priority(self, action: SetPhasePriority) -> None:
+        instance = self.instances[action.instance_id]
+        self._touch(instance)
+        instance.local.phase_priority = action.priority
+
+    def migrate(self, action: Migrate) -> None:
+        self.transfers.migrate(action)
+
+    def stop_instance(self, action: StopInstance) -> None:
+        self.lifecycle.stop(action.instance_id, action.reason, self.view.now_s)
+
+    def start_instance(self, action: StartInstance) -> None:
+        due_s = self.lifecycle.start(action.instance_id, action.reason, self.view.now_s)
+        if due_s is not None:
+            self._push(due_s, _INSTANCE_STARTED, action.instance_id)
+
+    # ---- event handlers ----
     def _arrive(self, request: Request) -> None:
         self._outstanding += 1
         if request.history_tokens:
-            self._session_kv.on_arrival(request)
+            self.sessions.on_arrival(request)
         self._apply(self.scheduler.handle(Arrival(request), self.view))
 
-
-    # ---- event handlers ----
     def _on_batch_done(self, instance: SimInstance) -> None:
         plan = instance.plan
         assert plan is not None
@@ -181,16 +259,18 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
             self._completed += 1
             self._apply(handle(Finished(request, instance.local.instance_id), self.view))
             if request.session_id >= 0:
-                self._next_round(request)
+                after = self.sessions.follow_up(request, now)
+                if after is not None:
+                    self._push(after.arrival_s, _ARRIVAL, after)
         if result.recomputed:  # its decode instance emitted a token again
             record_decode_tokens(result.recomputed, now, now)
         for request in result.prefilled:
             request.first_token_s = now
             self._apply(handle(PrefillDone(request, instance.local.instance_id), self.view))
         if result.finished and instance.local.transfer_queue:
-            self._start_transfers(instance)
-        if self._migrations:
-            self._start_migrations(instance)
+            self.transfers.start_transfers(instance)
+        if self.transfers.migrations:
+            self.transfers.start_migrations(instance)
         self._kicked.append(instance)
 
     def _record_tokens(self, instance: SimInstance, plan: BatchPlan, end_s: float) -> None:
@@ -207,6 +287,10 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
         record_decode_tokens(decodes, instance.start_s + step(batch, context), end_s,
                              step(batch, context + batch * (steps - 1)))
 
+    def _on_instance_started(self, instance_id: int) -> None:
+        if self.lifecycle.started(instance_id, self.view.now_s):
+            self._apply(self.scheduler.handle(InstanceStarted(instance_id), self.view))
+
     def _on_tick(self) -> None:
         self._apply(self.scheduler.handle(Tick(), self.view))
         self.samples.append(LoadSample(
@@ -214,7 +298,7 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
             [i.prefill_queue_tokens for i in self.instances],
             [i.used_blocks / i.total_blocks for i in self.instances],
             list(self.scheduler.roles)))
-        if self._outstanding > 0 or self._arrivals_pending or self._rounds.pending:
+        if self._outstanding > 0 or self._arrivals_pending or self.sessions.rounds.pending:
             self._push(self.view.now_s + self.settings.monitor_interval_s, _TICK, None)
 
     def _stalled(self) -> bool:
@@ -227,11 +311,9 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
     def run(self, requests: list[Request],
             on_progress: Callable[[int], None] | None = None) -> SimResult:
         """Simulate `requests` (sorted by arrival) to completion."""
-        self.samples: list[LoadSample] = []
+        self.samples = []
         view, heap = self.view, self._heap
-        self._rounds = SessionRounds(requests)
-        self._session_kv.stats = self._rounds.stats
-        arrivals = iter(self._rounds.first)
+        arrivals = iter(self.sessions.load(requests))
         next_arrival = next(arrivals, None)
         self._arrivals_pending = next_arrival is not None
         events = 0
@@ -250,13 +332,11 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
                     if version != payload.version:  # type: ignore[union-attr]
                         continue  # superseded by an interrupt
                     self._on_batch_done(payload)  # type: ignore[arg-type]
-                elif kind == _TRANSFER_DONE:
-                    if version != self._link_version:
-                        continue  # superseded: the links changed since
-                    self._on_links()
+                elif kind == _LINK_EVENT:
+                    self.transfers.on_link_event(version)
                 elif kind == _ARRIVAL:
                     self._arrive(payload)  # type: ignore[arg-type]
-                elif kind == INSTANCE_STARTED:
+                elif kind == _INSTANCE_STARTED:
                     self._on_instance_started(payload)  # type: ignore[arg-type]
                 else:
                     self._on_tick()
@@ -277,6 +357,6 @@ class Simulator(ActionApplier, KVMovement, InstanceLifecycle, SessionRoundsDrivi
         hits = sum(i.local.prefix_cache.hit_tokens_total for i in self.instances
                    if i.local.prefix_cache is not None)
         return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
-                         self._initial_roles, self._calls, hits, self._rounds.stats,
-                         self.instance_s_total(view.now_s), self.scaling_events,
-                         self._migrated)
+                         self._initial_roles, self.transfers.calls, hits, self.sessions.stats,
+                         self.lifecycle.instance_s_total(view.now_s),
+                         self.lifecycle.scaling_events, self.transfers.migrated)
