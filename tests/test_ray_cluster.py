@@ -126,7 +126,7 @@ def test_a_decode_migrated_across_nodes_mid_stream_loses_and_repeats_nothing(ser
     source = live.request.decode_instance
     target = 3 - source  # 1 is on node B, 2 on node A
     before = sent_to_peers(driver, source)
-    driver._loop.call_soon_threadsafe(driver.migrate, live.request.request_id, target)
+    driver._loop.call_soon_threadsafe(driver.move_decode, live.request.request_id, target)
     client.join(BOUND_S)
     assert not client.is_alive()
     assert out["error"] is None and out["text"] == local_greedy(PROMPT, 200)

@@ -29,7 +29,7 @@ def test_migration_mid_stream_loses_and_duplicates_nothing(tmp_path):
         live = lives[0]
         source = live.request.decode_instance
         target = 3 - source
-        driver._loop.call_soon_threadsafe(driver.migrate, live.request.request_id, target)
+        driver._loop.call_soon_threadsafe(driver.move_decode, live.request.request_id, target)
         client.join(60)
         assert not client.is_alive()
         assert out["error"] is None

@@ -8,6 +8,13 @@ worker's latest `InstanceStats` plus the dispatches sent to it that it had not r
 when it took that snapshot (`dispatch_ledger.py`), so a burst between two reports does not
 all land on one instance, and a report does not erase a dispatch still in the pipe.
 
+Structure: the driver implements the one driver contract (`cluster/actions.py: World`, a
+method per action, applied by the shared `apply_actions`) over worker processes, and wires
+collaborators that own their own state and never import it back: `WorkerLifecycle`
+(workers started and stopped on request), `TokenStreams` (each token to its client),
+`LiveSessions` and `HistoryReads` (sessions and their history reads); `failover.py` holds
+the rules for a worker's death and `status.py` renders `/health` and `/metrics`.
+
 Faults (`failover.py` holds the rules): a request that fails on a worker fails alone
 (`WorkerError`). A worker that exits is reported to the scheduler (`InstanceFailed`), its
 requests are re-run on live instances resuming after the tokens the client has seen (at
@@ -37,10 +44,20 @@ from pdserve.cluster.actions import (
     SetRole,
     StartInstance,
     StopInstance,
+    apply_actions,
 )
-from pdserve.cluster.events import Arrival, ClusterView, PrefillDone, Tick
+from pdserve.cluster.events import (
+    Arrival,
+    ClusterView,
+    Event,
+    Finished,
+    InstanceFailed,
+    PrefillDone,
+    Tick,
+)
 from pdserve.cluster.scheduler import GlobalScheduler
-from pdserve.engine.sampling import SamplingParams
+from pdserve.cluster.sessions import HistorySource
+from pdserve.engine.sampling import SamplingParams, TokenLogprob
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff
@@ -48,7 +65,7 @@ from pdserve.instance.prefix_cache import chain_hashes
 from pdserve.instance.stats import InstanceStats
 from pdserve.live import status
 from pdserve.live.dispatch_ledger import DispatchLedger
-from pdserve.live.failover import Failover
+from pdserve.live.failover import next_attempt, verdict
 from pdserve.live.lifecycle import WorkerLifecycle
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.live.ray_cluster import RaySettings
@@ -83,7 +100,7 @@ __all__ = ["LiveDriver", "LiveRequest", "Overloaded"]
 log = logging.getLogger("pdserve.live")
 
 
-class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
+class LiveDriver:
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float = 0.5,
                  max_outstanding: int = 256, ray: RaySettings | None = None) -> None:
@@ -101,9 +118,9 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         self._migration_targets: dict[int, int] = {}  # detach asked: request -> target
         self._transfer_sources: dict[int, int] = {}  # KV copy in flight: request -> source
         self._executing: dict[int, frozenset[int]] = {}  # instance -> its running batch
-        self.role_changes: deque[tuple[float, int, str, str]] = deque(maxlen=32)
+        self.role_changes: deque[status.RoleChangeRecord] = deque(maxlen=32)
         self.sessions = LiveSessions()  # X-Session-Id -> binding (AMPD sessions)
-        self.history = HistoryReads(self)  # remote prefills reading a session's history
+        self.history = HistoryReads(self.send, self.live.get)  # remote prefills' history
         # instance -> its engine's (prefill tokens computed, tokens reused from history)
         self.engine_counters: dict[int, tuple[int, int]] = {}
         if ray is None:
@@ -112,12 +129,18 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
             from pdserve.live.ray_workers import RayWorkers
 
             self.workers = RayWorkers(workers, num_instances, ray)
-        self._starting: set[int] = set()  # workers started on request, not yet ready
+        self.lifecycle = WorkerLifecycle(self.workers, self.metrics)
         self.timeline = RequestTimeline.from_env(self.scheduler.roles)  # fidelity runs only
+        self.streams = TokenStreams(self.metrics, self.timeline)
         self._batch_end_s = 0.0  # of the StepDone whose tokens are being handled
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # for calls from other threads
+
+    @property
+    def failed(self) -> set[int]:
+        """Instances not serving now (restarting, dead or stopped)."""
+        return self.workers.exited
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -172,6 +195,13 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         self.metrics.count("cancellations")
         self._drop(live)
 
+    def move_decode(self, request_id: int, target: int) -> None:
+        """Move a running decode to `target` (an operator's or a test's request; policies
+        do it by returning `Migrate` actions)."""
+        live = self.live.get(request_id)
+        if live is not None and live.request.decode_instance >= 0:
+            self._apply([Migrate(live.request, live.request.decode_instance, target)])
+
     def _holders(self, live: LiveRequest) -> set[int]:
         """Instances holding state of the request's current attempt."""
         request = live.request
@@ -191,62 +221,48 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
         self._migration_targets.pop(rid, None)
         self._transfer_sources.pop(rid, None)
 
-    # ---- scheduler ----
-    def _handle(self, event: object) -> None:
+    def _finish(self, live: LiveRequest, instance: int, worker_reason: str, now: float) -> None:
+        """The request ended on `instance`; the worker is told to stop when it did not say
+        so itself (the driver's stream saw a stop string first)."""
+        self.streams.finish(live, worker_reason, now)
+        request = live.request
+        self.live.pop(request.request_id, None)
+        if not worker_reason:
+            self.send(instance, Cancel(request.request_id))
+        if request.session_id >= 0:
+            self.sessions.finished(request, instance)
+        self._handle(Finished(request, instance))
+
+    def _fail(self, live: LiveRequest, message: str, http_status: int, reason: str,
+              except_instance: int = -1) -> None:
+        """End the request with an error the client sees (`reason` labels the metric)."""
+        self._drop(live, except_instance)
+        self.streams.fail(live, message, http_status, reason)
+
+    # ---- the scheduler and its actions (`World`) ----
+    def _handle(self, event: Event) -> None:
         self.view.now_s = time.monotonic()
-        self._apply(self.scheduler.handle(event, self.view))  # type: ignore[arg-type]
+        self._apply(self.scheduler.handle(event, self.view))
 
     def _apply(self, actions: list[Action]) -> None:
-        for action in actions:
-            if isinstance(action, DispatchPrefill):
-                live = self.live.get(action.request.request_id)
-                if live is None:
-                    continue
-                live.request.prefill_instance = action.instance_id
-                if not self.history.read_first(live, action.instance_id):
-                    self.send(action.instance_id, self.history.add_request(live))
-            elif isinstance(action, DispatchDecode):
-                self._dispatch_decode(action)
-            elif isinstance(action, Reject):
-                live = self.live.get(action.request.request_id)
-                if live is not None:
-                    self.metrics.count("rejections")
-                    unavailable = not (self.scheduler.board.prefill_candidates
-                                       and self.scheduler.board.decode_candidates)
-                    if action.overloaded:  # early rejection: retry later
-                        self._fail(live, action.reason, 429, "overloaded")
-                        live.error_type = "rate_limit_error"
-                    else:
-                        self._fail(live, action.reason, 503 if unavailable else 400,
-                                   "no_instance" if unavailable else "invalid_request")
-            elif isinstance(action, SetRole):
-                self.metrics.count("flips")
-                self.role_changes.append((time.time(), action.instance_id, action.role.value,
-                                          action.reason))
-                if self.timeline is not None:
-                    self.timeline.role(action.instance_id, action.role, time.monotonic())
-                log.info("instance %d -> %s: %s", action.instance_id, action.role.value,
-                         action.reason)
-            elif isinstance(action, SetChunkSize):
-                self.send(action.instance_id, SetChunk(action.chunk_size_tokens))
-            elif isinstance(action, SetPhasePriority):
-                log.info("instance %d serves %s first: %s", action.instance_id,
-                         action.priority.value, action.reason)
-                self.send(action.instance_id, SetPriority(action.priority.value))
-            elif isinstance(action, Migrate):
-                if action.request.request_id in self.live:
-                    if action.reason:
-                        log.info("request %d: instance %d -> %d: %s",
-                                 action.request.request_id, action.source_id,
-                                 action.target_id, action.reason)
-                    self._migration_targets[action.request.request_id] = action.target_id
-                    self.send(action.source_id, Detach(action.request.request_id))
-            elif isinstance(action, StartInstance | StopInstance):
-                self._apply_lifecycle(action)
-            else:
-                raise ValueError(f"the live driver cannot apply {type(action).__name__}")
+        apply_actions(actions, self, self.scheduler.board.roles)
 
-    def _dispatch_decode(self, action: DispatchDecode) -> None:
+    def serving(self, instance_id: int) -> bool:
+        return instance_id not in self.workers.exited
+
+    def dispatch_prefill(self, action: DispatchPrefill, history: HistorySource) -> None:
+        live = self.live.get(action.request.request_id)
+        if live is None:
+            return
+        live.request.prefill_instance = action.instance_id
+        if history is HistorySource.READ:
+            self.history.read_first(live, action.instance_id)
+            return
+        if history in (HistorySource.RECOMPUTE, HistorySource.GONE):
+            live.request.cached_prefix_tokens = 0  # the prefill computes its history
+        self.send(action.instance_id, self.history.add_request(live))
+
+    def dispatch_decode(self, action: DispatchDecode) -> None:
         live = self.live.get(action.request.request_id)
         pending = self._pending_handoffs.pop(action.request.request_id, None)
         if live is None or pending is None:
@@ -259,18 +275,58 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
             self.metrics.count("transfers")
             self._move(pending, action.source_id, action.target_id)
 
+    def reject(self, action: Reject) -> None:
+        live = self.live.get(action.request.request_id)
+        if live is None:
+            return
+        self.metrics.count("rejections")
+        unavailable = not (self.scheduler.board.prefill_candidates
+                           and self.scheduler.board.decode_candidates)
+        if action.overloaded:  # early rejection: retry later
+            self._fail(live, action.reason, 429, "overloaded")
+            live.error_type = "rate_limit_error"
+        else:
+            self._fail(live, action.reason, 503 if unavailable else 400,
+                       "no_instance" if unavailable else "invalid_request")
+
+    def set_role(self, action: SetRole) -> None:
+        self.metrics.count("flips")
+        self.role_changes.append((time.time(), action.instance_id, action.role.value,
+                                  action.reason))
+        if self.timeline is not None:
+            self.timeline.role(action.instance_id, action.role, time.monotonic())
+        log.info("instance %d -> %s: %s", action.instance_id, action.role.value, action.reason)
+
+    def set_chunk_size(self, action: SetChunkSize) -> None:
+        self.send(action.instance_id, SetChunk(action.chunk_size_tokens))
+
+    def set_phase_priority(self, action: SetPhasePriority) -> None:
+        log.info("instance %d serves %s first: %s", action.instance_id, action.priority.value,
+                 action.reason)
+        self.send(action.instance_id, SetPriority(action.priority.value))
+
+    def migrate(self, action: Migrate) -> None:
+        if action.request.request_id not in self.live:
+            return
+        if action.reason:
+            log.info("request %d: instance %d -> %d: %s", action.request.request_id,
+                     action.source_id, action.target_id, action.reason)
+        self._migration_targets[action.request.request_id] = action.target_id
+        self.send(action.source_id, Detach(action.request.request_id))
+
+    def stop_instance(self, action: StopInstance) -> None:
+        self.lifecycle.stop(action.instance_id, action.reason)
+        self.set_load(action.instance_id, InstanceStats.empty(
+            action.instance_id, self.view.instances[action.instance_id].total_blocks))
+
+    def start_instance(self, action: StartInstance) -> None:
+        self.lifecycle.start(action.instance_id, action.reason)
+
     def _move(self, handoff: KVHandoff, source: int, target: int) -> None:
         """Send a sequence's hand-off to `target`; `source` frees it once it is copied."""
         self._transfer_sources[handoff.request_id] = source
         live = self.live.get(handoff.request_id)
         self.send(target, AdoptKV(handoff, live.request.session_id if live else -1))
-
-    def migrate(self, request_id: int, target: int) -> None:
-        """Move a running decode to `target` (an operator's or a test's request; policies
-        do it by returning `Migrate` actions)."""
-        live = self.live.get(request_id)
-        if live is not None and live.request.decode_instance >= 0:
-            self._apply([Migrate(live.request, live.request.decode_instance, target)])
 
     def send(self, instance: int, command: Command) -> None:
         """Every command to a worker goes through here: the view counts a dispatch at once."""
@@ -320,6 +376,15 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
                            "invalid_request" if content else "engine_error",
                            except_instance=message.instance_id)
 
+    def _on_token(self, instance: int, request_id: int, token: int, reason: str,
+                  logprob: TokenLogprob | None = None) -> None:
+        live = self.live.get(request_id)
+        if live is None or live.tokens_sent >= live.params.max_tokens:
+            return
+        now = time.monotonic()
+        if self.streams.push(live, instance, token, reason, logprob, now, self._batch_end_s):
+            self._finish(live, instance, reason, now)
+
     def _on_detached(self, message: Detached) -> None:
         target = self._migration_targets.pop(message.request_id, -1)
         live = self.live.get(message.request_id)
@@ -334,6 +399,45 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
             live.request.decode_instance = target
             self._move(message.handoff, message.instance_id, target)
 
+    # ---- worker exits and starts ----
+    def _on_exit(self, instance: int, exit_code: int | None) -> None:
+        """A worker exited (called once per exit by `WorkerProcesses`): the scheduler
+        hears it, its requests are re-run or failed by `failover.verdict`."""
+        self.metrics.count("worker_failures")
+        log.error("worker %d exited (code %s); %s", instance, exit_code,
+                  self.workers.states[instance].value)
+        self.lifecycle.exited(instance)
+        batch = self._executing.pop(instance, frozenset())
+        total_blocks = self.view.instances[instance].total_blocks
+        # its work is gone: policies must not count it
+        self.set_load(instance, InstanceStats.empty(instance, total_blocks))
+        self._handle(InstanceFailed(instance))
+        self.history.source_lost(instance)
+        self.sessions.instance_lost(instance)
+        for live in [x for x in self.live.values() if instance in self._holders(x)]:
+            judged = verdict(instance, exit_code, live.request.request_id in batch,
+                             live.retries)
+            if judged.retry:
+                self._rerun(live, instance)
+            else:
+                self._fail(live, judged.message, 500, judged.reason, except_instance=instance)
+
+    def _rerun(self, live: LiveRequest, dead: int) -> None:
+        """A new attempt of the request that resumes after the tokens the client has."""
+        self._drop(live, except_instance=dead)
+        self._next_id += 1
+        request = next_attempt(live.request, self._next_id, len(live.token_ids))
+        live.request, live.retries = request, live.retries + 1
+        self.live[request.request_id] = live
+        self.metrics.count("retries")
+        self.metrics.count("resumed_tokens", len(live.token_ids))
+        self._handle(Arrival(request))
+
+    def _on_ready(self, instance: int, stats: InstanceStats, pool_name: str) -> None:
+        """A started or restarted worker is up, empty: the scheduler may use it."""
+        self.set_load(instance, stats)
+        self._handle(self.lifecycle.ready(instance))
+
     # ---- ticks ----
     async def _ticks(self) -> None:
         while True:
@@ -342,7 +446,9 @@ class LiveDriver(Failover, WorkerLifecycle, TokenStreams):
 
     # ---- status ----
     def health(self) -> dict[str, object]:
-        return status.health(self)
+        return status.health(self.scheduler.board, self.workers, len(self.live),
+                             self.role_changes)
 
     def metrics_text(self) -> str:
-        return self.metrics.render(status.metric_families(self))
+        return self.metrics.render(status.metric_families(
+            self.scheduler.board, self.workers, self.view.instances, len(self.live)))

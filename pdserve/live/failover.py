@@ -11,27 +11,19 @@ requests; they are failed, never retried elsewhere, so a poison request cannot t
 worker after worker. The worker's other requests, and every request of a worker killed from
 outside, are re-run, each at most `MAX_RETRIES` times over its life (a request caught in
 repeated deaths fails with the reason).
+
+These are the rules; the live driver applies them when a worker exits
+(`LiveDriver._on_exit`).
 """
 
 from __future__ import annotations
 
-import logging
 import signal
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from pdserve.cluster.events import Arrival, ClusterView, InstanceFailed
-from pdserve.instance.stats import InstanceStats
-from pdserve.live.processes import WorkerProcesses
-from pdserve.live.requests import LiveRequest
-from pdserve.live.server_metrics import ServerMetrics
 from pdserve.types import Request
 
-if TYPE_CHECKING:
-    from pdserve.live.driver import LiveDriver
-
 MAX_RETRIES = 1
-log = logging.getLogger("pdserve.live")
 
 
 def crashed(exit_code: int | None) -> bool:
@@ -58,56 +50,12 @@ def verdict(instance: int, exit_code: int | None, in_batch: bool, retries: int) 
     return Verdict(True)
 
 
-class Failover:
-    """The driver's side of worker deaths and restarts (mixed into `LiveDriver`)."""
-
-    live: dict[int, LiveRequest]
-    workers: WorkerProcesses
-    metrics: ServerMetrics
-    view: ClusterView
-    _executing: dict[int, frozenset[int]]
-    _next_id: int
-    _starting: set[int]
-
-    @property
-    def failed(self) -> set[int]:
-        """Instances not serving now (restarting or dead)."""
-        return self.workers.exited
-
-    def _on_exit(self: LiveDriver, instance: int, exit_code: int | None) -> None:
-        """A worker exited (called once per exit by `WorkerProcesses`)."""
-        self.metrics.count("worker_failures")
-        log.error("worker %d exited (code %s); %s", instance, exit_code,
-                  self.workers.states[instance].value)
-        self._starting.discard(instance)  # a scale-up whose worker never came up
-        batch = self._executing.pop(instance, frozenset())
-        total_blocks = self.view.instances[instance].total_blocks
-        # its work is gone: policies must not count it
-        self.set_load(instance, InstanceStats.empty(instance, total_blocks))
-        self._handle(InstanceFailed(instance))
-        self.history.source_lost(instance)
-        self.sessions.instance_lost(instance)
-        for live in [x for x in self.live.values() if instance in self._holders(x)]:
-            judged = verdict(instance, exit_code, live.request.request_id in batch,
-                             live.retries)
-            if judged.retry:
-                self._rerun(live, instance)
-            else:
-                self._fail(live, judged.message, 500, judged.reason, except_instance=instance)
-
-    def _rerun(self: LiveDriver, live: LiveRequest, dead: int) -> None:
-        """A new attempt of the request that resumes after the tokens the client has."""
-        old = live.request
-        self._drop(live, except_instance=dead)
-        self._next_id += 1
-        # the same session and prefix hashes; its history is recomputed, since the KV of
-        # it may have died with the worker (the session binds to where the re-run ends)
-        request = Request(self._next_id, old.arrival_s, old.input_tokens, old.output_tokens,
-                          session_id=old.session_id, hash_ids=old.hash_ids,
-                          retain_kv=old.retain_kv, generated_tokens=len(live.token_ids))
-        request.first_token_s = old.first_token_s
-        live.request, live.retries = request, live.retries + 1
-        self.live[request.request_id] = live
-        self.metrics.count("retries")
-        self.metrics.count("resumed_tokens", len(live.token_ids))
-        self._handle(Arrival(request))
+def next_attempt(old: Request, request_id: int, tokens_seen: int) -> Request:
+    """The request's next attempt, resuming after the `tokens_seen` the client has: the same
+    session and prefix hashes; its history is recomputed, since the KV of it may have died
+    with the worker (the session binds to where the re-run ends)."""
+    request = Request(request_id, old.arrival_s, old.input_tokens, old.output_tokens,
+                      session_id=old.session_id, hash_ids=old.hash_ids,
+                      retain_kv=old.retain_kv, generated_tokens=tokens_seen)
+    request.first_token_s = old.first_token_s
+    return request

@@ -9,8 +9,10 @@ as the new prompt's tokens agree with it (`engine/sessions.py`).
 
 The table keeps the `MAX_SESSIONS` most recently used sessions.
 
-A round prefilled on another worker than the one keeping its history (AMPD's remote
-execution) first reads the history (`HistoryReads`): the driver asks the keeping worker to
+Where a round's history comes from is the decision both worlds share
+(`cluster/sessions.py: history_source`). A round prefilled on a prefill-only worker away
+from the one keeping its history (AMPD's remote execution, READ) first reads the history
+(`HistoryReads`): the driver asks the keeping worker to
 lock it and say where it is (`ExportHistory` -> `HistoryExported`), sends the prefill with
 that location (`AddRequest.history`), and unlocks it once the prefill worker has copied it
 (`HistoryCopied` -> `UnlockHistory`) or the request is gone. The history stays on its
@@ -22,22 +24,20 @@ lazily, when the task heads the queue, as the paper does).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from pdserve.engine.sessions import HistoryRef
 from pdserve.live.requests import LiveRequest
 from pdserve.types import Request
 from pdserve.worker.messages import (
     AddRequest,
+    Command,
     ExportHistory,
     HistoryCopied,
     HistoryExported,
     UnlockHistory,
 )
-
-if TYPE_CHECKING:
-    from pdserve.engine.sessions import HistoryRef
-    from pdserve.live.driver import LiveDriver
 
 MAX_SESSIONS = 100_000
 
@@ -95,10 +95,14 @@ class LiveSessions:
 
 
 class HistoryReads:
-    """The driver's side of remote prefills that read a session's history."""
+    """The driver's side of remote prefills that read a session's history (the READ of
+    `cluster/sessions.py`): `send` is the driver's command path, `lookup` finds a request
+    still in flight by its current attempt id."""
 
-    def __init__(self, driver: LiveDriver) -> None:
-        self.driver = driver
+    def __init__(self, send: Callable[[int, Command], None],
+                 lookup: Callable[[int], LiveRequest | None]) -> None:
+        self.send = send
+        self.lookup = lookup
         self._waiting: dict[int, int] = {}  # request -> prefill worker, export asked
         self._locked: dict[int, tuple[int, int]] = {}  # request -> (keeping worker, session)
 
@@ -109,17 +113,11 @@ class HistoryReads:
                           tuple(live.token_ids), request.session_id, history,
                           request.arrival_s)
 
-    def read_first(self, live: LiveRequest, prefill_instance: int) -> bool:
-        """For a session round prefilled away from its history: ask for the history and
-        send the prefill when it comes (True); else False (send it now)."""
+    def read_first(self, live: LiveRequest, prefill_instance: int) -> None:
+        """Ask the keeping worker for the history; the prefill goes out when it comes."""
         request = live.request
-        home = request.home_instance
-        if (request.session_id < 0 or not request.cached_prefix_tokens or home < 0
-                or home == prefill_instance or home in self.driver.failed):
-            return False
         self._waiting[request.request_id] = prefill_instance
-        self.driver.send(home, ExportHistory(request.request_id, request.session_id))
-        return True
+        self.send(request.home_instance, ExportHistory(request.request_id, request.session_id))
 
     def on_message(self, message: HistoryExported | HistoryCopied) -> None:
         if isinstance(message, HistoryCopied):
@@ -129,19 +127,19 @@ class HistoryReads:
         if message.history is not None:
             self._locked[rid] = (message.instance_id, message.history.session_id)
         target = self._waiting.pop(rid, None)
-        live = self.driver.live.get(rid)
+        live = self.lookup(rid)
         if target is None or live is None:
             self._unlock(rid)
             return
-        self.driver.send(target, self.add_request(live, message.history))
+        self.send(target, self.add_request(live, message.history))
 
     def source_lost(self, instance: int) -> None:
         """The worker keeping some histories died: their prefills go without them."""
         for rid, target in list(self._waiting.items()):
-            live = self.driver.live.get(rid)
+            live = self.lookup(rid)
             if live is not None and live.request.home_instance == instance:
                 del self._waiting[rid]
-                self.driver.send(target, self.add_request(live))
+                self.send(target, self.add_request(live))
 
     def forget(self, request_id: int) -> None:
         self._waiting.pop(request_id, None)
@@ -150,4 +148,4 @@ class HistoryReads:
     def _unlock(self, request_id: int) -> None:
         instance, session = self._locked.pop(request_id, (-1, -1))
         if instance >= 0:
-            self.driver.send(instance, UnlockHistory(session))
+            self.send(instance, UnlockHistory(session))

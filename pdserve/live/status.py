@@ -9,17 +9,18 @@ workers (a dead worker's last snapshot is not reported as current).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
-from pdserve.live.processes import WorkerState
+from pdserve.cluster.roles import RoleBoard
+from pdserve.instance.stats import InstanceLoad
+from pdserve.live.processes import WorkerProcesses, WorkerState
 from pdserve.live.server_metrics import Family
 
-if TYPE_CHECKING:
-    from pdserve.live.driver import LiveDriver
+RoleChangeRecord = tuple[float, int, str, str]  # wall time, instance, role, reason
 
 
-def health(driver: LiveDriver) -> dict[str, object]:
-    board, workers = driver.scheduler.board, driver.workers
+def health(board: RoleBoard, workers: WorkerProcesses, requests_in_flight: int,
+           role_changes: Iterable[RoleChangeRecord]) -> dict[str, object]:
     by_state = {state: [i for i, s in enumerate(workers.states) if s is state]
                 for state in WorkerState}
     serving = bool(board.prefill_candidates and board.decode_candidates)
@@ -31,21 +32,22 @@ def health(driver: LiveDriver) -> dict[str, object]:
         "dead": by_state[WorkerState.DEAD],
         "stopped": by_state[WorkerState.STOPPED],  # on the policy's request (scaling)
         "alive": by_state[WorkerState.LIVE],  # older names of live and not-live
-        "failed": sorted(driver.failed - set(by_state[WorkerState.STOPPED])),
+        "failed": sorted(workers.exited - set(by_state[WorkerState.STOPPED])),
         "roles": [role.value for role in board.roles],
         "prefill_capable": list(board.prefill_candidates),
         "decode_capable": list(board.decode_candidates),
         "pids": {str(i): workers.pid(i) for i in by_state[WorkerState.LIVE]},
         "restarts": workers.restarts_total,
-        "requests_in_flight": len(driver.live),
+        "requests_in_flight": requests_in_flight,
         "role_changes": [{"time": t, "instance": i, "role": role, "reason": reason}
-                         for t, i, role, reason in list(driver.role_changes)[-8:]],
+                         for t, i, role, reason in list(role_changes)[-8:]],
     }
 
 
-def metric_families(driver: LiveDriver) -> list[Family]:
-    board, states = driver.scheduler.board, driver.workers.states
-    live = [s for s in driver.view.instances if states[s.instance_id] is WorkerState.LIVE]
+def metric_families(board: RoleBoard, workers: WorkerProcesses,
+                    instances: Sequence[InstanceLoad], requests_in_flight: int) -> list[Family]:
+    states = workers.states
+    live = [s for s in instances if states[s.instance_id] is WorkerState.LIVE]
 
     def per_instance(name: str, kind: str, help_text: str, attribute: str) -> Family:
         return Family(name, kind, help_text, [
@@ -53,7 +55,7 @@ def metric_families(driver: LiveDriver) -> list[Family]:
 
     families = [
         Family("requests_in_flight", "gauge", "Requests admitted and not yet ended.",
-               [({}, float(len(driver.live)))]),
+               [({}, float(requests_in_flight))]),
         per_instance("prefill_queue_len", "gauge",
                      "Requests waiting for or in prefill, per live instance.",
                      "prefill_queue_len"),

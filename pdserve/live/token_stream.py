@@ -1,46 +1,41 @@
-"""A request's tokens on their way to its client (a mixin of `LiveDriver`): each token
-from a worker becomes text deltas (stop strings held back until decided), logprobs, the
-first-token and per-token metrics, and the end of the request: finished with its reason
-(the worker told to stop when the driver's text stream saw a stop string first), or failed
-with an error the client sees."""
+"""A request's tokens on their way to its client: each token from a worker becomes text
+deltas (stop strings held back until decided), logprobs, the first-token and per-token
+metrics, and the end of the request: finished with its reason, or failed with an error the
+client sees.
+
+`TokenStreams` is the client side only: it writes the `LiveRequest` the HTTP handler reads
+(its events queue, tokens, finish reason, error) and the server metrics. What an end means
+for the cluster (the worker told to stop, the session rebound, the scheduler's `Finished`)
+is the live driver's, which calls it.
+"""
 
 from __future__ import annotations
 
 import math
-import time
-from typing import TYPE_CHECKING
 
-from pdserve.cluster.events import Finished
 from pdserve.engine.sampling import TokenLogprob
 from pdserve.live.requests import LiveRequest
 from pdserve.live.server_metrics import ServerMetrics
 from pdserve.live.timeline import RequestTimeline
-from pdserve.worker.messages import Cancel
-
-if TYPE_CHECKING:
-    from pdserve.live.driver import LiveDriver
 
 
 class TokenStreams:
-    live: dict[int, LiveRequest]
-    metrics: ServerMetrics
-    timeline: RequestTimeline | None
-    _batch_end_s: float
+    def __init__(self, metrics: ServerMetrics, timeline: RequestTimeline | None) -> None:
+        self.metrics = metrics
+        self.timeline = timeline  # fidelity runs only
 
-    def _on_token(self: LiveDriver, instance: int, request_id: int, token: int, reason: str,
-                  logprob: TokenLogprob | None = None) -> None:
-        live = self.live.get(request_id)
-        if live is None or live.tokens_sent >= live.params.max_tokens:
-            return
-        request, now = live.request, time.monotonic()
+    def push(self, live: LiveRequest, instance: int, token: int, reason: str,
+             logprob: TokenLogprob | None, now: float, batch_end_s: float) -> bool:
+        """Stream one token; True when the request ends with it (the worker's `reason`,
+        a stop string this stream saw, or max_tokens)."""
+        request = live.request
         request.generated_tokens += 1
         if math.isnan(request.first_token_s):
             request.first_token_s = now
             self.metrics.ttft.observe(now - request.arrival_s)
             self.metrics.count("prompt_tokens", len(live.prompt_ids))
             if self.timeline is not None:
-                self.timeline.first_token(live.client_id, request.arrival_s,
-                                          self._batch_end_s, now)
+                self.timeline.first_token(live.client_id, request.arrival_s, batch_end_s, now)
         if instance == request.decode_instance:
             request.record_decode_tokens(now, now)
         live.token_ids.append(token)
@@ -50,14 +45,12 @@ class TokenStreams:
         delta = live.stream.push(token)
         if delta:
             live.events.put_nowait(("text", delta))
-        if reason or live.stream.stopped or live.tokens_sent >= live.params.max_tokens:
-            self._finish(live, instance, reason, now)
+        return bool(reason or live.stream.stopped or live.tokens_sent >= live.params.max_tokens)
 
-    def _finish(self: LiveDriver, live: LiveRequest, instance: int, worker_reason: str,
-                now: float) -> None:
-        """`worker_reason` is "" when this driver's text stream saw a stop string before
+    def finish(self, live: LiveRequest, worker_reason: str, now: float) -> None:
+        """End the stream: `worker_reason` is "" when this stream saw a stop string before
         the worker did (or, defensively, max_tokens was reached without the worker saying
-        so); the worker is then told to stop."""
+        so)."""
         request = live.request
         reason = worker_reason or ("stop" if live.stream.stopped else "length")
         tail = live.stream.finish()
@@ -69,18 +62,10 @@ class TokenStreams:
         if live.tokens_sent > 1:
             self.metrics.tpot.observe((now - request.first_token_s) / (live.tokens_sent - 1))
         self.metrics.count("completions")
-        self.live.pop(request.request_id, None)
-        if not worker_reason:
-            self.send(instance, Cancel(request.request_id))
         live.events.put_nowait(("done", reason))
-        if request.session_id >= 0:
-            self.sessions.finished(request, instance)
-        self._handle(Finished(request, instance))
 
-    def _fail(self: LiveDriver, live: LiveRequest, message: str, http_status: int, reason: str,
-              except_instance: int = -1) -> None:
-        """End the request with an error the client sees (`reason` labels the metric)."""
-        self._drop(live, except_instance)
+    def fail(self, live: LiveRequest, message: str, http_status: int, reason: str) -> None:
+        """End the stream with an error the client sees (`reason` labels the metric)."""
         live.request.rejected_reason = message
         live.error_status = http_status
         live.error_type = "invalid_request_error" if http_status < 500 else "server_error"
