@@ -1,0 +1,2 @@
+"""ARES: decode-to-decode rescheduling on predicted load (one file per phase of Alg. 1); the
+`vllm`, `reschedule-current` and `ares` presets in `preset.py`."""
