@@ -50,7 +50,7 @@ def test_history_is_kept_reused_by_prefix_and_merged_after_a_remote_prefill() ->
     def counting_copy(source, target, source_blocks, target_blocks):
         copied_blocks.extend(source_blocks)
         return real_copy(source, target, source_blocks, target_blocks)
-    with mock.patch("pdserve.engine.handoff.copy_aligned", counting_copy):
+    with mock.patch("pdserve.engine.engine.copy_aligned", counting_copy):
         home.import_from(handoff, remote.pool, session_id=3)
     assert home.reused_tokens_total == kept
     assert len(copied_blocks) == blocks_for(len(second)) - kept // 16

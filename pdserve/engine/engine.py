@@ -19,11 +19,20 @@ length predictor (`take_hidden_states`, `hidden_capture.py`).
 Sampling is a pure function of (seed or request id, output index, logits) (`sampling.py`),
 so a sequence resumed from tokens already generated (`add(..., resume_ids)`) or adopted
 from another instance continues exactly as it would have in place.
+
+A sequence and its KV move between instances: `export` describes a sequence's KV for a
+hand-off; `adopt` creates the sequence on the receiving engine with blocks for it;
+`import_from` adopts and copies the KV from the sender's mapped pool (aligned runs,
+`transfer.copy_aligned`), taking over a session's history kept here and copying only what
+is new; `import_history` keeps a session's history read from another worker.
+
+With a prefix cache (`enable_prefix_cache`), the engine follows the local scheduler's
+`PrefixCache` (`follow_prefix_cache`): `prefix_blocks.py` keeps the block ids of each entry;
+evicted entries' blocks are freed here, donated ones stay at the front of their sequence
+(not freed with it), and a prefill with a hit starts on the cached blocks.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,51 +41,23 @@ from pdserve.engine import batched_prefill
 from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.decode_graphs import DecodeGraphs
 from pdserve.engine.device import EngineDevice, place
-from pdserve.engine.handoff import EngineHandoffs
 from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch, on_device
-from pdserve.engine.prefix_reuse import EnginePrefixReuse
+from pdserve.engine.prefix_blocks import PrefixBlocks
 from pdserve.engine.prompt_logprobs import prompt_logprob_rows, record_prompt_logprobs
-from pdserve.engine.sampling import SamplingParams, TokenLogprob, sample_batch, token_logprobs
-from pdserve.engine.sessions import SessionKVStore
+from pdserve.engine.sampling import TokenLogprob, sample_batch, token_logprobs
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.sequence import Sequence, TokenOutput
+from pdserve.engine.sessions import HistoryRef, SessionKVStore
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
+from pdserve.engine.transfer import KVHandoff, copy_aligned
 from pdserve.instance.local_scheduler import BatchPlan
-from pdserve.instance.prefix_cache import CachedBlockIds
-from pdserve.types import blocks_for
+from pdserve.types import Request, blocks_for
 
 
-@dataclass
-class Sequence:
-    request_id: int
-    token_ids: list[int]
-    prompt_tokens: int
-    params: SamplingParams
-    computed_tokens: int = 0  # tokens whose KV is in the pool
-    blocks: list[int] = field(default_factory=list)
-    finish_reason: str = ""  # "stop" (EOS or stop string) or "length"
-    stream: TextStream | None = None  # stop-string detection (when there are stop strings)
-    # if asked: one per prompt token (None for the first, which has no context)
-    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
-    shared_blocks: int = 0  # leading blocks owned by the prefix cache (not freed with it)
-
-    @property
-    def generated(self) -> list[int]:
-        return self.token_ids[self.prompt_tokens:]
-
-
-@dataclass
-class TokenOutput:
-    request_id: int
-    token_id: int
-    logits: torch.Tensor  # at the position that produced token_id
-    hidden: torch.Tensor  # final hidden state there (after the last norm)
-    finish_reason: str  # "" while running
-    logprob: TokenLogprob | None = None  # when the sequence asks for logprobs
-
-
-class Engine(EngineHandoffs, EnginePrefixReuse):
+class Engine:
     def __init__(self, model: CausalLM, tokenizer: TextTokenizer | None, num_blocks: int,
                  shared_name: str | None = None, device: EngineDevice | None = None,
                  hidden_state_every_tokens: int = 0) -> None:
@@ -95,9 +76,8 @@ class Engine(EngineHandoffs, EnginePrefixReuse):
         self.batch_prefills = False  # True: chunks attend in one call on any device (tests;
         # a GPU batches two or more anyway: `batched_prefill.wanted`)
         self.sequences: dict[int, Sequence] = {}
-        self.prefix_ids: CachedBlockIds | None = None  # `enable_prefix_cache`
+        self.prefix_blocks: PrefixBlocks | None = None  # `enable_prefix_cache`
         self.computed_tokens_total = 0  # tokens run through the model, prefills and decodes
-        self.prefix_hit_tokens_total = 0  # prompt tokens taken from the prefix cache
         self.sessions = SessionKVStore(self.allocator)  # history KV kept between rounds
         self.prefill_tokens_total = 0  # prompt tokens computed by prefill chunks
         self.reused_tokens_total = 0  # tokens whose KV a session's history provided
@@ -192,6 +172,91 @@ class Engine(EngineHandoffs, EnginePrefixReuse):
         if need > 0:
             after = sequence.blocks[-1] if sequence.blocks else None
             sequence.blocks += self.allocator.allocate(need, after=after)
+
+    # ---- hand-offs between instances ----
+    def export(self, request_id: int) -> KVHandoff:
+        sequence = self.sequences[request_id]
+        self.pool.stage(sequence.blocks[:blocks_for(sequence.computed_tokens)])  # a GPU's
+        return KVHandoff(request_id, tuple(sequence.token_ids), sequence.prompt_tokens,
+                         sequence.computed_tokens, sequence.params,
+                         tuple(sequence.blocks[:blocks_for(sequence.computed_tokens)]),
+                         self.pool.shared_name)
+
+    def adopt(self, handoff: KVHandoff) -> list[int]:
+        """Create the sequence of a hand-off with blocks for its KV (not yet filled);
+        returns those blocks, in order, for the copy."""
+        prompt = handoff.token_ids[:handoff.prompt_tokens]
+        self.add(handoff.request_id, list(prompt), handoff.params,
+                 handoff.token_ids[handoff.prompt_tokens:])
+        sequence = self.sequences[handoff.request_id]
+        self._grow(sequence, handoff.computed_tokens)
+        sequence.computed_tokens = handoff.computed_tokens
+        return sequence.blocks
+
+    def import_history(self, ref: HistoryRef, source: PagedKVPool) -> int:
+        """Copy a session's history from another worker's pool and keep it here, so the
+        session's request prefilled here next computes only its new tokens; returns the
+        copy operations."""
+        blocks = self.allocator.allocate(len(ref.blocks))
+        copies = copy_aligned(source, self.pool, list(ref.blocks), blocks)
+        self.sessions.adopt(ref, blocks)
+        return copies
+
+    def import_from(self, handoff: KVHandoff, source: PagedKVPool,
+                    session_id: int = -1) -> int:
+        """Adopt a sequence and copy its KV from a mapped source pool; returns copies.
+        With a session whose history is kept here, the history's blocks are taken over and
+        only the blocks from the first new token on are copied."""
+        if session_id < 0 or session_id not in self.sessions:
+            blocks = self.adopt(handoff)
+            return copy_aligned(source, self.pool, list(handoff.blocks), blocks)
+        prompt = handoff.token_ids[:handoff.prompt_tokens]
+        self.add(handoff.request_id, list(prompt), handoff.params,
+                 handoff.token_ids[handoff.prompt_tokens:])
+        sequence = self.sequences[handoff.request_id]
+        tokens, sequence.blocks = self._reuse_history(session_id, handoff.token_ids,
+                                                      handoff.computed_tokens)
+        self._grow(sequence, handoff.computed_tokens)
+        sequence.computed_tokens = handoff.computed_tokens
+        first = tokens // self.pool.block_size  # a partial block is copied whole
+        return copy_aligned(source, self.pool, list(handoff.blocks)[first:],
+                            sequence.blocks[first:])
+
+    # ---- the prefix cache ----
+    def enable_prefix_cache(self, block_tokens: int) -> None:
+        self.prefix_blocks = PrefixBlocks(block_tokens, self.pool.block_size)
+
+    @property
+    def prefix_hit_tokens_total(self) -> int:
+        """Prompt tokens taken from the prefix cache."""
+        return self.prefix_blocks.hit_tokens_total if self.prefix_blocks is not None else 0
+
+    def follow_prefix_cache(self, evicted: list[int], donated: list[tuple[int, int, int]]
+                            ) -> None:
+        """Apply the cache's events: evicted entries free their blocks; donated ones take
+        the (request id, hash index, hash) block of that sequence."""
+        assert self.prefix_blocks is not None
+        for blocks in self.prefix_blocks.evict(evicted):
+            self.allocator.free(blocks)
+        for request_id, index, block_hash in donated:
+            sequence = self.sequences[request_id]
+            sequence.shared_blocks = self.prefix_blocks.donate(block_hash, sequence.blocks,
+                                                               index)
+
+    def attach_prefix_hits(self, plan: BatchPlan) -> None:
+        """Prefills the local scheduler admitted with prefix hits start on the cached
+        blocks, computed up to the hit (idempotent)."""
+        for request, _ in plan.chunks:
+            if request.cached_blocks:
+                self._reuse_prefix(request)
+
+    def _reuse_prefix(self, request: Request) -> None:
+        sequence = self.sequences[request.request_id]
+        if self.prefix_blocks is None or sequence.blocks or sequence.computed_tokens:
+            return
+        sequence.blocks = self.prefix_blocks.hit(request.hash_ids[:request.cached_blocks])
+        sequence.shared_blocks = len(sequence.blocks)
+        sequence.computed_tokens = sequence.shared_blocks * self.pool.block_size
 
     # ---- execution ----
     def execute(self, plan: BatchPlan) -> list[TokenOutput]:

@@ -17,12 +17,10 @@ from __future__ import annotations
 import array
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from pdserve.engine.sampling import SamplingParams, SamplingState
+from pdserve.engine.sampling_params import SamplingParams, SamplingState
 
 
 def _suppresses_eos(row: SamplingState, eos_token_ids: Sequence[int]) -> bool:

@@ -36,7 +36,7 @@ from pdserve.engine.device import EngineDevice
 from pdserve.engine.engine import Engine
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.transfer import copy_aligned
 from pdserve.perf.fit import fit_decode, fit_prefill, fit_transfer
 from pdserve.perf.fitted import PerfModel

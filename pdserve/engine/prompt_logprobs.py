@@ -4,14 +4,10 @@ rows of the batch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from pdserve.engine.sampling import token_logprobs
-
-if TYPE_CHECKING:
-    from pdserve.engine.engine import Sequence
+from pdserve.engine.sequence import Sequence
 
 
 def prompt_logprob_rows(work: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int, int]]:

@@ -1,4 +1,4 @@
-"""Sampling parameters and the batched sampler of the engine.
+"""The batched sampler of the engine, and the logprobs of tokens.
 
 One call samples the next token of every sequence in a batch from its logits row:
 logit bias, OpenAI presence/frequency penalties (over the output so far), the HF/vLLM
@@ -15,6 +15,9 @@ instance needs no generator state.
 
 A row whose distribution is unusable (NaN or infinite logits, no probability mass left
 after filtering) falls back to greedy for that row and is logged; it never raises.
+
+What a request asks of the sampler, `SamplingParams`, is defined in `sampling_params.py`
+(shared with `logits_processing.py`) and re-exported here, where its users import it.
 """
 
 from __future__ import annotations
@@ -25,20 +28,16 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from pdserve.engine.logits_processing import process_logits
+from pdserve.engine.sampling_params import SamplingParams as SamplingParams
+from pdserve.engine.sampling_params import SamplingState
 
 logger = logging.getLogger(__name__)
 
-GREEDY_BELOW = 1e-5  # a temperature under this is greedy
-MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs limit)
 LOGPROB_FLOOR = -9999.0  # reported for log(0) and NaN
-_SEED_MIN, _SEED_END = -(2 ** 63), 2 ** 64  # what torch and numpy accept as seeds
-_PENALTY_LIMIT = 2.0  # OpenAI's range for presence and frequency penalties
-_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias
 
 
 @dataclass(frozen=True)
@@ -49,78 +48,6 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 0.0  # 0 (or under GREEDY_BELOW): greedy
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
-    min_tokens: int = 0  # EOS and stop strings are ignored before this many output tokens
-    logprobs: int | None = None  # None: none; k: the sampled token's plus the top k
-    prompt_logprobs: int | None = None  # None: none; k: each prompt token's plus the top k
-
-    def __post_init__(self) -> None:
-        def refuse(name: str, rule: str) -> None:
-            raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
-
-        for name in ("max_tokens", "top_k", "min_tokens", "seed", "logprobs",
-                     "prompt_logprobs"):
-            value = getattr(self, name)
-            optional = name in ("seed", "logprobs", "prompt_logprobs")
-            if type(value) is not int and not (optional and value is None):
-                refuse(name, "an integer")
-        if any(type(token_id) is not int for token_id, _ in self.logit_bias):
-            refuse("logit_bias", "keyed by integer token ids")
-        if self.max_tokens < 1:
-            refuse("max_tokens", "at least 1")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            refuse("temperature", "a finite number >= 0")
-        if not 0 < self.top_p <= 1:
-            refuse("top_p", "in (0, 1]")
-        if self.seed is not None and not _SEED_MIN <= self.seed < _SEED_END:
-            refuse("seed", f"in [{_SEED_MIN}, {_SEED_END})")
-        if self.top_k < 0:
-            refuse("top_k", "0 (off) or positive")
-        if not 0 <= self.min_p <= 1:
-            refuse("min_p", "in [0, 1]")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -_PENALTY_LIMIT <= getattr(self, name) <= _PENALTY_LIMIT:
-                refuse(name, f"in [-{_PENALTY_LIMIT:g}, {_PENALTY_LIMIT:g}]")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            refuse("repetition_penalty", "a finite number > 0")
-        for token_id, bias in self.logit_bias:
-            if token_id < 0 or not -_BIAS_LIMIT <= bias <= _BIAS_LIMIT:
-                refuse("logit_bias", f"token ids >= 0 with biases in [-{_BIAS_LIMIT:g}, "
-                       f"{_BIAS_LIMIT:g}]")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            refuse("min_tokens", f"in [0, max_tokens={self.max_tokens}]")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                refuse(name, f"None or in [0, {MAX_LOGPROBS}]")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
-
-
-class SamplingState(Protocol):
-    """What the sampler reads of a sequence (the engine's `Sequence` has it)."""
-
-    request_id: int
-    params: SamplingParams
-    token_ids: list[int]  # prompt, then the output so far (resumed tokens included)
-    prompt_tokens: int
 
 
 def draw_uniform(key: int, index: int) -> float:

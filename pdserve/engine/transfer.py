@@ -23,7 +23,7 @@ import torch
 from pdserve.engine import cuda_ipc
 from pdserve.engine.allocator import align, runs
 from pdserve.engine.kv_pool import PagedKVPool, attach_untracked
-from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 
 _HEADER = struct.Struct("!II")  # number of blocks, bytes per block
 

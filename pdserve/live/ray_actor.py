@@ -6,10 +6,10 @@ scheduler), starts a `KVServer` over its pool, connects back to the driver
 unchanged. The actor allows a few concurrent calls, so while `serve` runs its peers can ask
 where its KV is (`kv_endpoint`) and read runs of it through the object store (`read_run`).
 
-`RayHostedWorker` differs from `Worker` in one place, how it reaches a sender's pool
-(`_peer`): the pool is named after the sender's actor; on the same node it is mapped from
-shared memory as before, on another node it is read through the configured transport
-(`ray_kv`).
+`RayHostedWorker` differs from `Worker` in one place, how it maps a sender's pool (the
+`map_peer_pool` it gives the worker, `_map_peer_pool`): the pool is named after the sender's
+actor; on the same node it is mapped from shared memory as before, on another node it is
+read through the configured transport (`ray_kv`).
 """
 
 from __future__ import annotations
@@ -35,24 +35,20 @@ ACTOR_CONCURRENCY = 4  # serve + peers' endpoint and object-store reads
 class RayHostedWorker(Worker):
     def __init__(self, *args: Any, namespace: str, kv_transport: str, authkey: bytes,
                  **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         self.authkey = authkey  # the server's: its workers' KV servers ask peers for it
         self.namespace = namespace
         self.kv_transport = kv_transport
         self.node_id = ray.get_runtime_context().get_node_id()
+        super().__init__(*args, map_peer_pool=self._map_peer_pool, **kwargs)
 
-    def _peer(self, pool_name: str) -> PagedKVPool:
-        if pool_name not in self.peers:
-            sender = ray.get_actor(pool_name, namespace=self.namespace)
-            node_id, host, port = ray.get(sender.kv_endpoint.remote(), timeout=READ_TIMEOUT_S)
-            like = self.engine.pool
-            if node_id == self.node_id:
-                self.peers[pool_name] = attach_pool(pool_name, like)
-            elif self.kv_transport == "tcp":
-                self.peers[pool_name] = tcp_pool((host, port), like, self.authkey)  # type: ignore[assignment]
-            else:
-                self.peers[pool_name] = object_store_pool(sender, like)  # type: ignore[assignment]
-        return self.peers[pool_name]
+    def _map_peer_pool(self, pool_name: str, like: PagedKVPool) -> PagedKVPool:
+        sender = ray.get_actor(pool_name, namespace=self.namespace)
+        node_id, host, port = ray.get(sender.kv_endpoint.remote(), timeout=READ_TIMEOUT_S)
+        if node_id == self.node_id:
+            return attach_pool(pool_name, like)
+        if self.kv_transport == "tcp":
+            return tcp_pool((host, port), like, self.authkey)  # type: ignore[return-value]
+        return object_store_pool(sender, like)  # type: ignore[return-value]
 
 
 class WorkerHost:

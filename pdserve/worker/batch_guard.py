@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdserve.engine.engine import Engine, TokenOutput
+from pdserve.engine.engine import Engine
+from pdserve.engine.sequence import TokenOutput
 from pdserve.engine.text_stream import TextStream
 from pdserve.instance.local_scheduler import BatchPlan
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.engine.sampling import SamplingParams, TokenLogprob
+from pdserve.engine.sampling import TokenLogprob
+from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.sessions import HistoryRef
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.stats import InstanceStats

@@ -14,6 +14,11 @@ Errors: an exception while running a batch fails only the request that caused it
 whose set of requests differs from the last one, the worker reports the set (`Executing`),
 so if the process dies the driver knows which requests were running. An idle worker reports
 its load (`StatsReport`) when it changed and every `IDLE_REPORT_S`.
+
+The worker owns the requests here (by id) and the batch loop; it wires its collaborators:
+`KVMoves` (hand-offs in and out, the peers' pools), `LoadReporter` (what a load report
+carries and when an idle one is due), `WorkerSessions` (session histories) and
+`WorkerForecast` (ARES's decode-load forecast).
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ import torch
 
 from pdserve.engine.device import EngineDevice, limit_memory
 from pdserve.engine.engine import Engine
-from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
+from pdserve.engine.transfer import attach_pool
 from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import parse_phase_priority
@@ -44,7 +49,7 @@ from pdserve.types import Request
 from pdserve.worker.batch_guard import describe, run_guarded
 from pdserve.worker.faults import exit_at_start_from_env, install_from_env
 from pdserve.worker.forecast import WorkerForecast
-from pdserve.worker.kv_moves import WorkerKV
+from pdserve.worker.kv_moves import KVMoves, MapPeerPool
 from pdserve.worker.messages import (
     AddRequest,
     AdoptKV,
@@ -52,6 +57,7 @@ from pdserve.worker.messages import (
     Command,
     ContinueInPlace,
     Detach,
+    Event,
     Executing,
     ExportHistory,
     ForgetPool,
@@ -67,7 +73,7 @@ from pdserve.worker.messages import (
     WorkerError,
     WorkerReady,
 )
-from pdserve.worker.reports import IDLE_REPORT_S, WorkerReports
+from pdserve.worker.reports import IDLE_REPORT_S, LoadReporter
 from pdserve.worker.sessions import WorkerSessions
 
 
@@ -79,20 +85,22 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-class Worker(WorkerKV, WorkerReports):
+class Worker:
     def __init__(self, instance_id: int, model_name: str, seed: int, num_blocks: int,
                  chunk_size_tokens: int, max_batch_size: int, connection: Connection,
                  phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
                  queue_order: Callable[[], QueueOrder] = FCFSOrder,
                  perf: PerfModel | None = None,
                  decode_forecast: ForecastSettings | None = None, pool_name: str = "",
-                 device: EngineDevice | None = None) -> None:
+                 device: EngineDevice | None = None,
+                 map_peer_pool: MapPeerPool = attach_pool) -> None:
         """`queue_order`: the policy's prefill queue order; one that reads the time and
         prefill estimates (AMPD's Alg. 2) gets `time.monotonic` and `perf`.
         `decode_forecast`: keep ARES's decode-load forecast and report it with the stats
         (`worker/forecast.py`). `pool_name`: the KV pool's shared-memory name (default:
         from the PID and instance); `device`: the engine's device and dtype (default the
-        CPU, float32)."""
+        CPU, float32); `map_peer_pool`: how another worker's pool is mapped (`kv_moves.py`;
+        default from shared memory on this host)."""
         torch.set_num_threads(1)
         self.instance_id = instance_id
         self.connection = connection
@@ -114,20 +122,25 @@ class Worker(WorkerKV, WorkerReports):
         if prefix_block_tokens:
             self.local.prefix_cache = PrefixCache(prefix_block_tokens, track_events=True)
             self.engine.enable_prefix_cache(prefix_block_tokens)
-        self.sessions = WorkerSessions(self.engine, self.local, self._peer)
+        self.kv_moves = KVMoves(instance_id, self.engine, self.local, self.send, self.drop,
+                                self.follow_prefix_cache, map_peer_pool)
+        self.sessions = WorkerSessions(self.engine, self.local, self.kv_moves.peer)
         self.step_log = StepLog.from_env(instance_id)  # in-situ profile rows, when asked
         self.requests: dict[int, Request] = {}
-        self.handoffs: dict[int, AdoptKV] = {}
-        self.peers: dict[str, PagedKVPool] = {}
         self.running = True
         self._executing: frozenset[int] = frozenset()
-        self.init_reports()
         self.forecast = WorkerForecast.build(decode_forecast, self.engine, self.local)
+        self.reports = LoadReporter(instance_id, self.local, self.forecast)
+
+    def send(self, event: Event) -> None:
+        """An event to the driver (over the connection of the moment: a Ray-hosted worker
+        connects after it is built)."""
+        self.connection.send(event)
 
     def serve(self) -> None:
         assert self.engine.pool.shared_name is not None
-        self.connection.send(WorkerReady(self.instance_id, self.engine.pool.shared_name,
-                                         self.ready_report()))
+        self.send(WorkerReady(self.instance_id, self.engine.pool.shared_name,
+                              self.reports.ready_report()))
         try:
             idle = True
             while self.running:
@@ -136,19 +149,20 @@ class Worker(WorkerKV, WorkerReports):
                     if not self.running:
                         return
                     idle = False
-                self.start_transfers()
+                self.kv_moves.start_transfers()
                 idle = not self.step()
                 if idle:
-                    self.report_if_changed()
+                    report = self.reports.idle_report()
+                    if report is not None:
+                        self.send(report)
         finally:
-            for pool in self.peers.values():
-                pool.close()
+            self.kv_moves.close()
             self.engine.pool.close()
 
     # ---- commands ----
     def handle_safely(self, command: Command) -> None:
         """`handle`, failing the command's request (not the worker) if it raises."""
-        self.count_dispatch(command)
+        self.reports.count_dispatch(command)
         try:
             self.handle(command)
         except Exception as err:  # noqa: BLE001 - one request's failure, not the worker's
@@ -159,7 +173,7 @@ class Worker(WorkerKV, WorkerReports):
                 raise
             traceback.print_exc()
             self.drop(request_id)
-            self.connection.send(WorkerError(
+            self.send(WorkerError(
                 self.instance_id, request_id,
                 f"the worker failed handling {type(command).__name__}: {describe(err)}",
                 "server_error"))
@@ -169,7 +183,7 @@ class Worker(WorkerKV, WorkerReports):
         request = self.requests.pop(request_id, None)
         if request is not None:
             self.local.abort(request)
-        self.handoffs.pop(request_id, None)
+        self.kv_moves.forget(request_id)
         if request_id in self.engine.sequences:
             self.engine.release(request_id)
 
@@ -178,8 +192,7 @@ class Worker(WorkerKV, WorkerReports):
         if isinstance(command, AddRequest):
             if command.history is not None:  # a remote prefill: read the history first
                 copied = self.sessions.import_history(command.history)
-                self.connection.send(HistoryCopied(self.instance_id, command.request_id,
-                                                   copied))
+                self.send(HistoryCopied(self.instance_id, command.request_id, copied))
             # resumed tokens are prefilled with the prompt; the local scheduler sees one
             # longer prompt and what is left of max_tokens, so the first prefill still hands
             # off, and the engine's sequence counts the resumed tokens as generated
@@ -194,7 +207,7 @@ class Worker(WorkerKV, WorkerReports):
                 reused = engine.add(command.request_id, list(command.prompt_ids),
                                     command.params, command.resume_ids, session)
             except ValueError as err:
-                self.connection.send(WorkerError(self.instance_id, command.request_id, str(err)))
+                self.send(WorkerError(self.instance_id, command.request_id, str(err)))
                 return
             if session >= 0:  # the scheduler counts the history the engine reused
                 self.sessions.count_reuse(session, reused)
@@ -202,14 +215,30 @@ class Worker(WorkerKV, WorkerReports):
             self.requests[request.request_id] = request
             local.enqueue_prefill(request)
         elif isinstance(command, ExportHistory):
-            self.connection.send(HistoryExported(self.instance_id, command.request_id,
-                                                 self.sessions.export(command.session_id)))
+            self.send(HistoryExported(self.instance_id, command.request_id,
+                                      self.sessions.export(command.session_id)))
         elif isinstance(command, UnlockHistory):
             self.sessions.unlock(command.session_id)
         elif isinstance(command, ContinueInPlace):
             local.continue_in_place(self.requests[command.request_id])
-        elif isinstance(command, AdoptKV | Detach | ReleaseKV | ForgetPool):
-            self.handle_kv(command)
+        elif isinstance(command, AdoptKV):
+            handoff, session = command.handoff, command.session_id
+            if session >= 0:  # only the history that agrees with the sequence is merged
+                self.sessions.agree_with(session, handoff)
+            request = Request(handoff.request_id, 0.0, handoff.prompt_tokens,
+                              handoff.params.max_tokens,
+                              generated_tokens=len(handoff.token_ids) - handoff.prompt_tokens,
+                              session_id=session, retain_kv=session >= 0)
+            self.requests[request.request_id] = request
+            self.kv_moves.receive(command, request)
+        elif isinstance(command, Detach):
+            self.kv_moves.detach(command.request_id, self.requests.get(command.request_id))
+        elif isinstance(command, ReleaseKV):
+            request = self.requests.pop(command.request_id, None)
+            if request is not None:  # else cancelled meanwhile
+                self.kv_moves.release(request)
+        elif isinstance(command, ForgetPool):
+            self.kv_moves.forget_pool(command.pool_name)
         elif isinstance(command, Cancel):
             self.drop(command.request_id)
         elif isinstance(command, SetChunk):
@@ -232,13 +261,13 @@ class Worker(WorkerKV, WorkerReports):
                 self.step_log.idle()
             if self._executing:  # idle: no request is running
                 self._executing = frozenset()
-                self.connection.send(Executing(self.instance_id, self._executing))
+                self.send(Executing(self.instance_id, self._executing))
             return False
         batch = frozenset([*(r.request_id for r in plan.decodes),
                            *(r.request_id for r, _ in plan.chunks)])
         if batch != self._executing:
             self._executing = batch
-            self.connection.send(Executing(self.instance_id, batch))
+            self.send(Executing(self.instance_id, batch))
         start = time.perf_counter()
         if self.step_log is not None:
             self.step_log.batch_started(start)
@@ -256,16 +285,14 @@ class Worker(WorkerKV, WorkerReports):
             self.drop(request_id)
         tokens = tuple((o.request_id, o.token_id, o.finish_reason, o.logprob)
                        for o in outputs)
-        stats, sent_s, acknowledged = self.step_report()
-        self.connection.send(StepDone(self.instance_id, tokens, stats,
-                                      self.engine.prefill_tokens_total,
-                                      self.engine.reused_tokens_total, sent_s, acknowledged))
+        stats, sent_s, acknowledged = self.reports.step_report()
+        self.send(StepDone(self.instance_id, tokens, stats, self.engine.prefill_tokens_total,
+                           self.engine.reused_tokens_total, sent_s, acknowledged))
         for request_id, (kind, message) in failures.items():
-            self.connection.send(WorkerError(self.instance_id, request_id, message, kind))
+            self.send(WorkerError(self.instance_id, request_id, message, kind))
         for request in result.prefilled:
             if request.request_id not in failures:
-                self.connection.send(Prefilled(self.instance_id,
-                                               self.engine.export(request.request_id)))
+                self.send(Prefilled(self.instance_id, self.engine.export(request.request_id)))
         if self.forecast is not None:
             self.forecast.after_step(result.finished)
         for request in result.finished:
