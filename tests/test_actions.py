@@ -37,7 +37,7 @@ from pdserve.policies.presets import build_policy
 from pdserve.policies.setup import PolicySetup
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request, Role
-from pdserve.worker.messages import AddRequest, ExportHistory
+from pdserve.worker.messages import AddRequest, DropHistory, ExportHistory
 
 PERF = make_perf()
 WORLD_METHODS = sorted(name for name, _ in inspect.getmembers(World, inspect.isfunction)
@@ -176,17 +176,20 @@ def live_outcome(target: int, target_role: Role, home_serving: bool) -> HistoryS
         request, tuple(range(request.input_tokens)), params,
         TextStream(driver.tokenizer, params.stop, params.min_tokens))
     driver._apply([DispatchPrefill(request, target)])
-    assert len(sent) == 1
-    instance, command = sent[0]
+    instance, command = sent[-1]
     if isinstance(command, ExportHistory):
-        assert instance == HOME and command.session_id == SESSION
+        assert sent == [(HOME, ExportHistory(request.request_id, SESSION))]
         return HistorySource.READ
     assert isinstance(command, AddRequest) and instance == target
     assert command.history is None
     if target == HOME:
+        assert len(sent) == 1
         return HistorySource.LOCAL
     assert request.cached_prefix_tokens == 0  # computes it all
-    return HistorySource.RECOMPUTE if home_serving else HistorySource.GONE
+    if sent[:-1] == [(HOME, DropHistory(SESSION))]:  # the copy at home dropped
+        return HistorySource.RECOMPUTE
+    assert len(sent) == 1 and not home_serving
+    return HistorySource.GONE
 
 
 @pytest.mark.parametrize("target,target_role,home_serving", [

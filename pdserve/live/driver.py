@@ -83,6 +83,7 @@ from pdserve.worker.messages import (
     ContinueInPlace,
     Detach,
     Detached,
+    DropHistory,
     Executing,
     HistoryCopied,
     HistoryExported,
@@ -260,6 +261,8 @@ class LiveDriver:
             return
         if history in (HistorySource.RECOMPUTE, HistorySource.GONE):
             live.request.cached_prefix_tokens = 0  # the prefill computes its history
+        if history is HistorySource.RECOMPUTE:  # the copy at home is no longer needed
+            self.send(live.request.home_instance, DropHistory(live.request.session_id))
         self.send(action.instance_id, self.history.add_request(live))
 
     def dispatch_decode(self, action: DispatchDecode) -> None:
@@ -267,7 +270,11 @@ class LiveDriver:
         pending = self._pending_handoffs.pop(action.request.request_id, None)
         if live is None or pending is None:
             return
-        live.request.decode_instance = action.target_id
+        request = live.request
+        request.decode_instance = action.target_id
+        if request.session_id >= 0 and 0 <= request.home_instance != action.target_id:
+            # it decodes away from its history: the copy at home is no longer needed
+            self.send(request.home_instance, DropHistory(request.session_id))
         if action.target_id == action.source_id:
             live.request.decode_in_place()
             self.send(action.source_id, ContinueInPlace(action.request.request_id))

@@ -44,6 +44,14 @@ class UnlockHistory:
 
 
 @dataclass(frozen=True)
+class DropHistory:
+    """Forget a session's history kept here: the session's next round recomputes it
+    elsewhere, or its decode continued on another instance (`cluster/sessions.py`)."""
+
+    session_id: int
+
+
+@dataclass(frozen=True)
 class ContinueInPlace:
     request_id: int
 
@@ -99,7 +107,7 @@ class Shutdown:
 
 
 Command = (AddRequest | ContinueInPlace | AdoptKV | Detach | ReleaseKV | Cancel | SetChunk
-           | SetPriority | ForgetPool | Shutdown | ExportHistory | UnlockHistory)
+           | SetPriority | ForgetPool | Shutdown | ExportHistory | UnlockHistory | DropHistory)
 
 # ---- worker -> driver ----
 

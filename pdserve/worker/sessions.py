@@ -7,6 +7,8 @@ scheduler's block counts of them, kept in step.
                  (`agree_with`)
   export         another worker will read a history: it is locked here until unlocked
   import         this worker copies a history from another's pool before prefilling
+  drop           the session's next round recomputes its history elsewhere, or its decode
+                 moved: the kept copy is forgotten
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class WorkerSessions:
         if history is not None:
             self.engine.pool.stage(history.blocks)  # a GPU pool's host mirror
         return history
+
+    def drop(self, session_id: int) -> None:
+        """Forget a kept history (the session moved on elsewhere), in both views."""
+        self.local.free_blocks += self.local.sessions.drop(session_id)
+        self.engine.sessions.drop(session_id)
 
     def unlock(self, session_id: int) -> None:
         self.local.sessions.lock(session_id, False)

@@ -57,6 +57,7 @@ from pdserve.worker.messages import (
     Command,
     ContinueInPlace,
     Detach,
+    DropHistory,
     Event,
     Executing,
     ExportHistory,
@@ -219,6 +220,8 @@ class Worker:
                                       self.sessions.export(command.session_id)))
         elif isinstance(command, UnlockHistory):
             self.sessions.unlock(command.session_id)
+        elif isinstance(command, DropHistory):
+            self.sessions.drop(command.session_id)
         elif isinstance(command, ContinueInPlace):
             local.continue_in_place(self.requests[command.request_id])
         elif isinstance(command, AdoptKV):
