@@ -1,8 +1,8 @@
 """Fit the operator curves (`operators.py`) to the shipped A100 profiles, leaving rows out.
 
-Every fit uses only the rows outside the held-out split (`profiles.held_out`) and minimises
-relative error; the error on the held-out rows is stored with the curves. Needs scipy (the
-`calibrate` extra); the fitted curves are shipped, so nothing at run time fits.
+Every fit (scipy's `least_squares`) uses only the rows outside the held-out split
+(`profiles.held_out`) and minimises relative error; the error on the held-out rows is stored
+with the curves. The fitted curves are shipped, so nothing at run time fits.
 
     python -m pdserve.perf.calibrate     # refit; rewrite a100_operators.json and
                                          # a100_residuals.json (`residual_fit.py`)
@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from pdserve.perf.calibration_rows import (
     PROFILED_LAYOUT,
@@ -63,8 +64,6 @@ STATED_STEP_ERROR_PCT = (5.0, 10.0)
 
 def _fit(model: Callable[[np.ndarray], np.ndarray], measured: np.ndarray, start: Sequence[float],
          lower: Sequence[float], upper: Sequence[float]) -> np.ndarray:
-    from scipy.optimize import least_squares  # only the fit needs scipy
-
     # robust (soft L1) relative residuals: repeats of one collective are bimodal (most near
     # 60 us, some near 10 us), and the typical time is what the simulator should charge
     result = least_squares(lambda x: (model(x) - measured) / measured, np.asarray(start, float),
