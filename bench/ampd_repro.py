@@ -32,8 +32,9 @@ from pdserve.cluster.topology import Topology, gpu_link, network_link
 from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
-from pdserve.planning.ampd import PlanInputs, feasible_degrees, plan
+from pdserve.planning.ampd import feasible_degrees, plan
 from pdserve.planning.ampd_ilp import Deployment
+from pdserve.planning.ampd_inputs import PlanInputs
 from pdserve.planning.ampd_verify import cluster_attainment, verify
 from pdserve.policies.ampd.preset import AMPD_VARIANTS, build_ampd_policy
 from pdserve.policies.presets import build_policy

@@ -20,14 +20,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from pdserve.perf import calibrate, residual_fit
+from pdserve.perf import calibrate, calibration_rows, residual_fit
 from pdserve.perf.heldout import (
     LAYER_OPS,
     held_out_steps,
     measured_cpu_s,
     step_errors_pct,
 )
-from pdserve.perf.operators import GEMM_OPS, shipped_operator_model
+from pdserve.perf.layer_shape import GEMM_OPS
+from pdserve.perf.operators import shipped_operator_model
 from pdserve.perf.presets import calibrated, curves_perf_model, perf_model, roofline_perf_model
 from pdserve.perf.profiles import load_table
 from pdserve.perf.residuals import shipped_residuals
@@ -83,7 +84,7 @@ def leave_one_model_out() -> None:
         train = mlp.where((mlp["model"] != "Meta-Llama-3-8B") & ~mlp.held_out)
         test = mlp.where(mlp["model"] == "Meta-Llama-3-8B")
         curve = calibrate.fit_gemm(train, op, gpu)
-        shape = calibrate.mlp_shape(test)
+        shape = calibration_rows.mlp_shape(test)
         predicted = curve.time_s(test["tokens"], *shape.gemm_dims(op), gpu)
         errors = np.abs(predicted - test[op] * 1e-3) / (test[op] * 1e-3) * 100
         print(f"{op:15s} {stats(errors)}")

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import RMSNorm, rotate_half
-from pdserve.perf.operators import GEMM_OPS, op_time_s, shipped_operator_model
+from pdserve.perf.layer_shape import GEMM_OPS
+from pdserve.perf.operators import op_time_s, shipped_operator_model
 from pdserve.perf.presets import calibrated
 from pdserve.perf.specs import gpu_spec
 

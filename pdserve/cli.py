@@ -232,9 +232,13 @@ def bench_workload(args: argparse.Namespace):
 def _run_bench(args: argparse.Namespace) -> int:
     import asyncio
 
-    import httpx
+    try:
+        import httpx
 
-    from pdserve.live.replay_client import replay
+        from pdserve.live.replay_client import replay
+    except ImportError as err:
+        raise ValueError(f"bench needs the bench extra (pip install 'pdserve[bench]'): "
+                         f"{err}") from err
     from pdserve.metrics import plots
     from pdserve.metrics.report import format_summary, write_requests_csv, write_summary_json
     from pdserve.metrics.summary import summarize

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from pdserve.planning.ampd import PlanInputs, interpolate, plan, replica_grid, tau_tables
+from pdserve.planning.ampd import interpolate, plan, replica_grid, tau_tables
 from pdserve.planning.ampd_ilp import solve
+from pdserve.planning.ampd_inputs import PlanInputs
 from pdserve.types import SLO
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pdserve.perf import calibrate, profiles, residual_fit
+from pdserve.perf import calibrate, calibration_rows, profiles, residual_fit
 from pdserve.perf.calibrated import Calibrated
 from pdserve.perf.fit import fit_decode, fit_prefill
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
@@ -84,6 +84,7 @@ def test_refit_matches_the_shipped_curves_and_ignores_held_out_rows(monkeypatch)
         return profiles.Table(columns)
 
     monkeypatch.setattr(calibrate, "load_table", skewed)
+    monkeypatch.setattr(calibration_rows, "load_table", skewed)  # the link rows
     skewed_fit = calibrate.fit_operator_model()
     assert replace(skewed_fit, held_out={}) == replace(refit, held_out={})
     assert all(skewed_fit.held_out[name].median_pct > 50 for name in refit.held_out)

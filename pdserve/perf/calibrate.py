@@ -1,23 +1,13 @@
 """Fit the operator curves (`operators.py`) to the shipped A100 profiles, leaving rows out.
 
-Every fit uses only the rows outside the held-out split (`profiles.held_out`) and minimises
-relative error; the error on the held-out rows is stored with the curves. Needs scipy (the
-`calibrate` extra); the fitted curves are shipped, so nothing at run time fits.
+Every fit (scipy's `least_squares`) uses only the rows outside the held-out split
+(`profiles.held_out`) and minimises relative error; the error on the held-out rows is stored
+with the curves. The fitted curves are shipped, so nothing at run time fits.
 
     python -m pdserve.perf.calibrate     # refit; rewrite a100_operators.json and
                                          # a100_residuals.json (`residual_fit.py`)
 
-Notes on the data (`pdserve/data/gpu_profiles/`):
-- all-reduce rows up to 64 MB are fitted (the sizes a TP step sends). Rows with 2 GPUs ran
-  over an NVLink bridge; rows with 4 GPUs crossed PCIe between NVLink pairs, so they
-  calibrate the PCIe link efficiency (against PCIe 4.0 x16, 32 GB/s each way). Send/recv rows
-  with 2 devices per node are NVLink (fitted); with 1 they are between nodes (not used: the
-  inter-node link is the cluster topology's parameter). NVLink send/recv reaches ~325 GB/s
-  at 20-50 MB, above the 300 GB/s one-way spec, so its fitted efficiency exceeds 1 (the rows
-  time one rank's kernel); it is kept as measured.
-- CPU overhead per iteration = schedule + sampler + prepare inputs + process outputs + Ray
-  communication, vLLM as profiled by Vidur (the sampler includes the logits projection of the
-  small-vocabulary models profiled; the model prices the LM head as a GEMM on top).
+Which rows each curve is fitted on, and notes on the data: `calibration_rows.py`.
 """
 
 from __future__ import annotations
@@ -27,33 +17,36 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import least_squares
 
+from pdserve.perf.calibration_rows import (
+    PROFILED_LAYOUT,
+    REFERENCE_GPU,
+    cpu_total_s,
+    held_out_error,
+    link_curve,
+    link_rows,
+    mlp_shape,
+    split_rows,
+)
+from pdserve.perf.layer_shape import GEMM_OPS, STREAM_OPS
 from pdserve.perf.operators import (
-    GEMM_OPS,
     OPERATORS_FILE,
-    STREAM_OPS,
     CpuOverhead,
     DecodeAttention,
     GemmCurve,
     HeldOutError,
-    LayerShape,
     LinkCurve,
     OperatorModel,
     PrefillAttention,
     StreamCurve,
 )
 from pdserve.perf.profiles import Table, load_table
+from pdserve.perf.residual_fit import fit_operator_residuals
 from pdserve.perf.residuals import RESIDUALS_FILE
 from pdserve.perf.specs import GpuSpec, gpu_spec
 
-REFERENCE_GPU = "a100"
 ROBUST_SCALE = 0.05  # relative residuals beyond 5 % count linearly, not squared
-PCIE_GB_S = 32.0
-# a TP step all-reduces tokens x hidden x 2 bytes: 16 KB (one 8K-wide token) to 64 MB (a
-# 4K-token chunk); the fit covers that range, not the 0.5 GB tail of the sweep
-MAX_ALL_REDUCE_BYTES = 64 * 2**20  # PCIe 4.0 x16, one way
-CPU_PARTS = ("schedule", "sampler_e2e", "prepare_inputs_e2e", "process_model_outputs",
-             "ray_comm")
 
 
 # The error each curve is stated to keep on held-out rows (median %, P90 %): the targets for
@@ -69,27 +62,14 @@ STATED_ERROR_PCT: dict[str, tuple[float, float]] = {
 STATED_STEP_ERROR_PCT = (5.0, 10.0)
 
 
-def held_out_error(predicted: np.ndarray, measured: np.ndarray) -> HeldOutError:
-    error = np.abs(predicted - measured) / measured * 100
-    return HeldOutError(len(error), float(np.median(error)), float(np.percentile(error, 90)))
-
-
 def _fit(model: Callable[[np.ndarray], np.ndarray], measured: np.ndarray, start: Sequence[float],
          lower: Sequence[float], upper: Sequence[float]) -> np.ndarray:
-    from scipy.optimize import least_squares  # only the fit needs scipy
-
     # robust (soft L1) relative residuals: repeats of one collective are bimodal (most near
     # 60 us, some near 10 us), and the typical time is what the simulator should charge
     result = least_squares(lambda x: (model(x) - measured) / measured, np.asarray(start, float),
                            bounds=(np.asarray(lower, float), np.asarray(upper, float)),
                            loss="soft_l1", f_scale=ROBUST_SCALE)
     return result.x
-
-
-def mlp_shape(table: Table) -> LayerShape:
-    return LayerShape(hidden=table["hidden"], heads=table["heads"], kv_heads=table["kv_heads"],
-                      head_dim=table["hidden"] / table["heads"], ffn=table["ffn"],
-                      tp=table["tp"])
 
 
 def fit_gemm(table: Table, op: str, gpu: GpuSpec) -> GemmCurve:
@@ -113,9 +93,6 @@ def fit_stream(table: Table, op: str, gpu: GpuSpec) -> StreamCurve:
     x = _fit(lambda x: curve(x).time_s(tokens, width, gpu), measured, [2, 0.5, 0.5, 2],
              [0, 0, 0.01, 1], [100, 100, 5, 20])
     return curve(x)
-
-
-PROFILED_LAYOUT = LayerShape(hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672, tp=2)
 
 
 def fit_decode_attention(table: Table, gpu: GpuSpec) -> DecodeAttention:
@@ -143,10 +120,6 @@ def fit_prefill_attention(table: Table, gpu: GpuSpec) -> PrefillAttention:
     return curve(x)
 
 
-def cpu_total_s(table: Table) -> np.ndarray:
-    return sum(table[part] for part in CPU_PARTS) * 1e-3
-
-
 def fit_cpu(table: Table) -> CpuOverhead:
     seqs, tp = table["batch"], table["tp"]
     multi = (tp > 1).astype(float)
@@ -164,31 +137,6 @@ def fit_link(num_bytes: np.ndarray, measured_s: np.ndarray, link_gb_s: float,
 
     x = _fit(predict, measured_s, [30, 0.7, 2], [0, 0.01, 1], [1e4, 2, 20])
     return LinkCurve(x[0] * 1e-6, x[1], x[2])
-
-
-def split_rows(table: Table) -> tuple[Table, Table]:
-    """(rows every fit may use, held-out rows)."""
-    return table.where(~table.held_out), table.where(table.held_out)
-
-
-def link_rows() -> dict[str, tuple[Table, int | None, float]]:
-    """Rows, workers (None: send/recv) and one-way link GB/s of each fitted link curve."""
-    reduce, send = load_table("all_reduce"), load_table("send_recv")
-    a100 = gpu_spec(REFERENCE_GPU)
-    return {
-        "all_reduce_nvlink": (reduce.where((reduce["workers"] == 2)
-                                           & (reduce["bytes"] <= MAX_ALL_REDUCE_BYTES)),
-                              2, a100.link_gb_s),
-        "all_reduce_pcie": (reduce.where((reduce["workers"] == 4)
-                                         & (reduce["bytes"] <= MAX_ALL_REDUCE_BYTES)),
-                            4, PCIE_GB_S),
-        "send_recv_nvlink": (send.where(send["devices_per_node"] == 2), None, a100.link_gb_s),
-    }
-
-
-def link_curve(model: OperatorModel, name: str) -> LinkCurve:
-    family, link = name.rsplit("_", 1)
-    return (model.all_reduce if family == "all_reduce" else model.send_recv)[link]
 
 
 def fit_operator_model() -> OperatorModel:
@@ -255,8 +203,6 @@ def main() -> None:
     folder = Path(__file__).resolve().parent.parent / "data" / "gpu_profiles"
     out = folder / OPERATORS_FILE
     out.write_text(model.to_json())
-    from pdserve.perf.residual_fit import fit_operator_residuals  # it imports this module
-
     (folder / RESIDUALS_FILE).write_text(fit_operator_residuals(model).to_json())
     for name, error in model.held_out.items():
         print(f"{name:26s} held-out rows {error.rows:5d}  median {error.median_pct:5.1f} %  "

@@ -26,10 +26,8 @@ from dataclasses import dataclass, field, replace
 
 from pdserve.perf.fit import FitGrid, fit_perf_model
 from pdserve.perf.fitted import PerfModel
+from pdserve.perf.layer_shape import GEMM_OPS, STREAM_OPS, LayerShape
 from pdserve.perf.operators import (
-    GEMM_OPS,
-    STREAM_OPS,
-    LayerShape,
     OperatorModel,
     layer_linear_s,
     op_time_s,

@@ -26,9 +26,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from pdserve.perf.calibrate import CPU_PARTS
 from pdserve.perf.calibrated import Calibrated
-from pdserve.perf.operators import GEMM_OPS, STREAM_OPS
+from pdserve.perf.calibration_rows import CPU_PARTS
+from pdserve.perf.layer_shape import GEMM_OPS, STREAM_OPS
 from pdserve.perf.profiles import Table, load_table
 from pdserve.perf.residuals import shipped_residuals
 from pdserve.perf.specs import gpu_spec, model_spec

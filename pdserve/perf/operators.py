@@ -1,8 +1,9 @@
 """Operator curves fitted to measured A100 timings, scaled to any GPU by its peak specs.
 
-Each curve prices one operator from its shape and the GPU's datasheet figures; the fitted
-numbers are efficiencies (fractions of peak) and fixed latencies, fitted on the A100
-(`pdserve.perf.calibrate`, shipped as `pdserve/data/gpu_profiles/a100_operators.json`).
+Each curve prices one operator from its shape (`layer_shape.py`) and the GPU's datasheet
+figures; the fitted numbers are efficiencies (fractions of peak) and fixed latencies, fitted
+on the A100 (`pdserve.perf.calibrate`, shipped as
+`pdserve/data/gpu_profiles/a100_operators.json`).
 Another GPU gets the same efficiencies against its own peaks: memory-bound terms scale with
 HBM bandwidth, compute-bound terms with dense 16-bit TFLOP/s, link terms with one-way link
 bandwidth; fixed latencies (kernel launch, NCCL set-up, vLLM's CPU work) are kept as measured.
@@ -31,25 +32,13 @@ import json
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
+from pdserve.perf.layer_shape import GEMM_OPS, STREAM_OPS, LayerShape, Number, shape_key
+from pdserve.perf.residuals import Residuals
 from pdserve.perf.specs import GpuSpec
 
-if TYPE_CHECKING:
-    from pdserve.perf.residuals import Residuals
-
-# the profiled attention layout: Llama-70B shape at TP 2
-PROFILED_Q_HEADS_PER_GPU = 32
-PROFILED_KV_HEADS_PER_GPU = 4
-PROFILED_HEAD_DIM = 128
-GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
-STREAM_OPS = ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add",
-              "emb")
 OPERATORS_FILE = "a100_operators.json"
-
-Number = float | np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,40 +181,6 @@ def curve_fields(kind: type) -> list[str]:
     return [f.name for f in fields(kind)]
 
 
-@dataclass(frozen=True, slots=True)
-class LayerShape:
-    """One decoder layer's shape on one GPU of a TP group (arrays allowed, for profile rows)."""
-    hidden: Number
-    heads: Number
-    kv_heads: Number
-    head_dim: Number
-    ffn: Number
-    tp: Number
-
-    def gemm_dims(self, op: str) -> tuple[Number, Number]:
-        """(K, N) of the op's weight on one GPU; QKV and the gated up-projection are fused."""
-        q = self.heads * self.head_dim / self.tp
-        kv = self.kv_heads * self.head_dim / self.tp
-        return {"attn_pre_proj": (self.hidden, q + 2 * kv), "attn_post_proj": (q, self.hidden),
-                "mlp_up_proj": (self.hidden, 2 * self.ffn / self.tp),
-                "mlp_down_proj": (self.ffn / self.tp, self.hidden)}[op]
-
-    def stream_width(self, op: str) -> Number:
-        return {"input_layernorm": self.hidden, "post_attention_layernorm": self.hidden,
-                "attn_rope": (self.heads + self.kv_heads) * self.head_dim / self.tp,
-                "mlp_act": 2 * self.ffn / self.tp, "add": self.hidden, "emb": self.hidden}[op]
-
-    @property
-    def q_head_scale(self) -> Number:
-        return (self.heads / self.tp) * self.head_dim / (PROFILED_Q_HEADS_PER_GPU
-                                                         * PROFILED_HEAD_DIM)
-
-    @property
-    def kv_bytes_per_token(self) -> Number:
-        """K and V of one token in one layer on one GPU (16-bit)."""
-        return 2 * (self.kv_heads / self.tp) * self.head_dim * 2
-
-
 def op_time_s(ops: OperatorModel, op: str, tokens: Number, shape: LayerShape,
               gpu: GpuSpec, residuals: Residuals | None = None) -> Number:
     """Time of one GEMM or elementwise op of the MLP-file kind for `tokens` tokens; with
@@ -236,8 +191,6 @@ def op_time_s(ops: OperatorModel, op: str, tokens: Number, shape: LayerShape,
     else:
         time = ops.stream[op].time_s(tokens, shape.stream_width(op), gpu)
     if residuals is not None and gpu.name == residuals.reference_gpu:
-        from pdserve.perf.residuals import shape_key  # residuals.py imports this module
-
         time = time * residuals.factor(op, shape_key(op, shape), tokens)
     return time
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdserve.perf.calibrate import (
+from pdserve.perf.calibration_rows import (
     PROFILED_LAYOUT,
     held_out_error,
     link_curve,
@@ -19,6 +19,7 @@ from pdserve.perf.calibrate import (
     mlp_shape,
     split_rows,
 )
+from pdserve.perf.layer_shape import shape_key
 from pdserve.perf.operators import HeldOutError, OperatorModel, op_time_s
 from pdserve.perf.profiles import Table, load_table
 from pdserve.perf.residuals import (
@@ -28,7 +29,6 @@ from pdserve.perf.residuals import (
     fit_attention_residuals,
     fit_residuals,
     fit_rolling_residuals,
-    shape_key,
 )
 from pdserve.perf.specs import gpu_spec
 

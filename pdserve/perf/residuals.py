@@ -45,24 +45,11 @@ from importlib import resources
 
 import numpy as np
 
-from pdserve.perf.operators import GEMM_OPS, STREAM_OPS, LayerShape, Number
+from pdserve.perf.layer_shape import GEMM_OPS, STREAM_OPS, Number
 
 RESIDUALS_FILE = "a100_residuals.json"
 PER_OCTAVE = 8
 MLP_OPS = GEMM_OPS + tuple(op for op in STREAM_OPS if op != "emb") + ("emb",)
-
-
-def shape_key(op: str, shape: LayerShape) -> np.ndarray:
-    """The profiled layer shape an op ran in: hidden/heads/kv_heads/ffn/tp (an array of keys
-    for arrays of profile rows). Whole-layer keys rather than the op's own dimensions: rows
-    of equal op dimensions from different profiled models differ by a few per cent run to
-    run, and each model's own rows describe it best."""
-    parts = [np.round(np.asarray(value, dtype=float)).astype(int).astype(str)
-             for value in (shape.hidden, shape.heads, shape.kv_heads, shape.ffn, shape.tp)]
-    key = parts[0]
-    for part in parts[1:]:
-        key = np.char.add(np.char.add(key, "/"), part)
-    return key
 
 
 @dataclass(frozen=True)

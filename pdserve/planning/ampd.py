@@ -3,12 +3,13 @@
 1. For each phase, parallel degree n in {1, 2, 4, 8} (those the model fits and divides) and
    replica count k, simulate one replica of degree n carrying 1/k of the session load
    (sessions start at rate/k, over at least STEADY_S seconds up to MAX_SESSION_FACTOR times
-   the configured count) and take its p95 latency over the SLO: TTFT for a prefill
-   replica, per-request mean ITL for a decode replica (Appendix A.1: the simulator models
-   phase splitting and KV transmission with the alpha-beta model). The other phase is an
-   idealised instance (a thousandth of the time, unbounded memory), so the figure is the
-   replica's own. Replica counts are simulated on a grid (1, 2, 3, 4, 6, 8, then doubling
-   steps, and the largest) and interpolated linearly in the load 1/k in between.
+   the configured count: `ampd_inputs.replica_workload`) and take its p95 latency over the
+   SLO: TTFT for a prefill replica, per-request mean ITL for a decode replica (Appendix A.1:
+   the simulator models phase splitting and KV transmission with the alpha-beta model). The
+   other phase is an idealised instance (a thousandth of the time, unbounded memory), so the
+   figure is the replica's own. Replica counts are simulated on a grid (1, 2, 3, 4, 6, 8,
+   then doubling steps, and the largest) and interpolated linearly in the load 1/k in
+   between.
 2. Solve the ILP of Eq. 5 (`ampd_ilp.solve`) for the top three deployments.
 Simulations run in `--jobs` processes (2 by default), with a progress line per result.
 """
@@ -19,7 +20,7 @@ import argparse
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -28,27 +29,13 @@ from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.perf.specs import check_tp, model_spec
 from pdserve.planning.ampd_ilp import INFEASIBLE, Deployment, solve
+from pdserve.planning.ampd_inputs import PlanInputs, replica_workload
+from pdserve.planning.ampd_verify import verify
 from pdserve.policies.ampd.preset import build_ampd_policy
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request
-from pdserve.workload.sessions import is_session_workload, session_workload
-from pdserve.workload.workload import Workload
 
 DEGREES = (1, 2, 4, 8)
-STEADY_S = 20.0  # a replica's sessions arrive over at least this long (up to the cap),
-MAX_SESSION_FACTOR = 4  # so a busy replica reaches its steady state, not a short burst
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    model: str
-    gpu: str
-    gpus: int
-    slo: SLO
-    workload: str
-    sessions: int  # simulated per replica
-    rate_sps: float  # sessions started per second, whole cluster
-    seed: int = 0
 
 
 def replica_grid(max_count: int) -> list[int]:
@@ -88,19 +75,6 @@ def idealised(perf: PerfModel) -> PerfModel:
                      per_seq_above_knee_s=perf.decode.per_seq_above_knee_s * 1e-3)
     return replace(perf, name=f"{perf.name} (idealised)", prefill=prefill, decode=decode,
                    kv_capacity_tokens=1 << 30)
-
-
-def replica_workload(inputs: PlanInputs, replicas: int) -> Workload:
-    if not is_session_workload(inputs.workload):
-        raise ValueError(f"the ampd planner needs a session workload (sharegpt-sessions, "
-                         f"mooncake-sessions, agent:<kind>), got {inputs.workload!r}")
-    rate = inputs.rate_sps / replicas
-    sessions = min(max(inputs.sessions, round(rate * STEADY_S)), MAX_SESSION_FACTOR
-                   * inputs.sessions)
-    workload = session_workload(inputs.workload, sessions, rate, inputs.seed)
-    if inputs.workload == "mooncake-sessions":  # a fixed trace: thin it by rate instead
-        workload = workload.scaled(1 / replicas)
-    return workload
 
 
 def p95(values: list[float]) -> float:
@@ -194,8 +168,6 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"  {rank}. {deployment.describe()}  Z={deployment.z:.3g} (prefill "
               f"{deployment.tau_prefill:.3g}, decode {deployment.tau_decode:.3g})")
     if args.verify > 0:
-        from pdserve.planning.ampd_verify import verify
-
         checked = verify(inputs, deployments[:args.verify], args.processes)
         print(f"the ILP's {len(checked)} best, simulated as whole clusters under ampd, "
               f"{time.perf_counter() - started:.1f}s:")

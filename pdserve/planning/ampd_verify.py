@@ -15,8 +15,8 @@ from pdserve.cluster.topology import Topology, gpu_link, network_link
 from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
-from pdserve.planning.ampd import PlanInputs, replica_workload
 from pdserve.planning.ampd_ilp import Deployment
+from pdserve.planning.ampd_inputs import PlanInputs, replica_workload
 from pdserve.policies.ampd.preset import build_ampd_policy
 from pdserve.sim.simulator import Simulator
 

@@ -19,14 +19,22 @@ import time
 from pathlib import Path
 
 
-def _record(args: argparse.Namespace) -> int:
-    import torch
+def _needs_engine(err: ImportError) -> ValueError:
+    return ValueError(f"the predictor needs the engine extra (pip install 'pdserve[engine]'): "
+                      f"{err}")
 
-    from pdserve.engine.checkpoint import resolve_model
-    from pdserve.engine.engine import Engine
-    from pdserve.engine.loader import load_model
-    from pdserve.predictor.prompts import prompt_set
-    from pdserve.predictor.record import RecordSettings, pool_blocks_for, record
+
+def _record(args: argparse.Namespace) -> int:
+    try:
+        import torch
+
+        from pdserve.engine.checkpoint import resolve_model
+        from pdserve.engine.engine import Engine
+        from pdserve.engine.loader import load_model
+        from pdserve.predictor.prompts import prompt_set
+        from pdserve.predictor.record import RecordSettings, pool_blocks_for, record
+    except ImportError as err:
+        raise _needs_engine(err) from err
 
     settings = RecordSettings(every_tokens=args.every_tokens, max_tokens=args.max_tokens,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
@@ -60,13 +68,16 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pdserve.predictor.hidden_state import TrainSettings, train_from_file
+    try:
+        import torch
+
+        from pdserve.predictor.hidden_state import TrainSettings, train_from_file
+    except ImportError as err:
+        raise _needs_engine(err) from err
 
     settings = TrainSettings(epochs=args.epochs, patience=args.patience, lr=args.lr,
                              weight_decay=args.weight_decay, batch_size=args.batch_size,
                              seed=args.seed)
-    import torch
-
     torch.set_num_threads(args.threads)
     report = train_from_file(args.data, args.out, settings, log=print, search=args.search)
     print(report.summary())
@@ -74,9 +85,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import torch
+    try:
+        import torch
 
-    from pdserve.predictor.evaluate import evaluate
+        from pdserve.predictor.evaluate import evaluate
+    except ImportError as err:
+        raise _needs_engine(err) from err
 
     torch.set_num_threads(args.threads)
     print(evaluate(args.data, args.predictor, seed=args.seed, quantile=args.quantile).summary())

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pdserve.workload.long_output import alpaca_long_lengths, sharegpt_long_lengths
+from pdserve.workload.sharegpt_rounds import sharegpt_rounds
 
 SHAREGPT_MAX_TOKENS = 2048  # TaiChi sec. 4.1: ShareGPT requests over 2048 tokens dropped
 ARXIV_LONG_MAX_TOKENS = 16384  # TaiChi sec. 4.1: arXiv requests over 16,384 tokens dropped
@@ -34,12 +35,6 @@ ARXIV_LONG_MAX_TOKENS = 16384  # TaiChi sec. 4.1: arXiv requests over 16,384 tok
 
 def _traces_path(filename: str) -> Path:
     return Path(str(resources.files("pdserve.data") / "traces" / filename))
-
-
-def _sharegpt_rows() -> list[tuple[int, int, int, int]]:
-    with _traces_path("sharegpt_rounds.csv").open(newline="") as handle:
-        return [(int(r["session_id"]), int(r["round"]), int(r["input_tokens"]),
-                 int(r["output_tokens"])) for r in csv.DictReader(handle)]
 
 
 def _filtered(pairs: list[tuple[int, int]], limit: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +46,7 @@ def _filtered(pairs: list[tuple[int, int]], limit: int) -> tuple[np.ndarray, np.
 def sharegpt_lengths() -> tuple[np.ndarray, np.ndarray]:
     history: dict[int, int] = {}
     pairs = []
-    for session, _, message, reply in sorted(_sharegpt_rows(), key=lambda r: (r[0], r[1])):
+    for session, _, message, reply in sorted(sharegpt_rounds(), key=lambda r: (r[0], r[1])):
         prompt = history.get(session, 0) + message
         pairs.append((prompt, reply))
         history[session] = prompt + reply
@@ -59,7 +54,7 @@ def sharegpt_lengths() -> tuple[np.ndarray, np.ndarray]:
 
 
 def sharegpt_first_lengths() -> tuple[np.ndarray, np.ndarray]:
-    return _filtered([(m, r) for _, rnd, m, r in _sharegpt_rows() if rnd == 0],
+    return _filtered([(m, r) for _, rnd, m, r in sharegpt_rounds() if rnd == 0],
                      SHAREGPT_MAX_TOKENS)
 
 

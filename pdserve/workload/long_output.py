@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdserve.workload.sharegpt_rounds import sharegpt_rounds
+
 CONTEXT_CAP_TOKENS = 32768  # prompt + output (the paper's 32K)
 TAIL_RANGE_TOKENS = (4000, 30000)
 TABLE_ROWS = 20000  # rows per table; synthetic workloads draw from them
@@ -66,9 +68,7 @@ def sample_outputs(shape: OutputShape, inputs: np.ndarray,
 
 def sharegpt_long_lengths(count: int = TABLE_ROWS, seed: int = 0) -> tuple[np.ndarray,
                                                                           np.ndarray]:
-    from pdserve.workload.length_tables import _sharegpt_rows
-
-    firsts = np.array([m for _, rnd, m, _ in _sharegpt_rows() if rnd == 0 and m > 0],
+    firsts = np.array([m for _, rnd, m, _ in sharegpt_rounds() if rnd == 0 and m > 0],
                       dtype=np.int64)
     rng = np.random.default_rng(seed)
     inputs = np.minimum(rng.choice(firsts, size=count), CONTEXT_CAP_TOKENS // 2)

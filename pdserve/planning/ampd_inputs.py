@@ -1,0 +1,42 @@
+"""What AMPD's deployment planner plans for (`PlanInputs`: model, GPU, GPUs to deploy on,
+SLOs, session workload and its rate), and the sessions a simulated replica carries.
+
+Shared by the per-replica latency search (`ampd.py`) and the whole-cluster check of the
+ILP's shortlist (`ampd_verify.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.types import SLO
+from pdserve.workload.sessions import is_session_workload, session_workload
+from pdserve.workload.workload import Workload
+
+STEADY_S = 20.0  # a replica's sessions arrive over at least this long (up to the cap),
+MAX_SESSION_FACTOR = 4  # so a busy replica reaches its steady state, not a short burst
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    model: str
+    gpu: str
+    gpus: int
+    slo: SLO
+    workload: str
+    sessions: int  # simulated per replica
+    rate_sps: float  # sessions started per second, whole cluster
+    seed: int = 0
+
+
+def replica_workload(inputs: PlanInputs, replicas: int) -> Workload:
+    if not is_session_workload(inputs.workload):
+        raise ValueError(f"the ampd planner needs a session workload (sharegpt-sessions, "
+                         f"mooncake-sessions, agent:<kind>), got {inputs.workload!r}")
+    rate = inputs.rate_sps / replicas
+    sessions = min(max(inputs.sessions, round(rate * STEADY_S)), MAX_SESSION_FACTOR
+                   * inputs.sessions)
+    workload = session_workload(inputs.workload, sessions, rate, inputs.seed)
+    if inputs.workload == "mooncake-sessions":  # a fixed trace: thin it by rate instead
+        workload = workload.scaled(1 / replicas)
+    return workload
