@@ -37,8 +37,9 @@ from pdserve.planning.ampd_ilp import Deployment
 from pdserve.planning.ampd_inputs import PlanInputs
 from pdserve.planning.ampd_verify import cluster_attainment, verify
 from pdserve.policies.ampd.preset import AMPD_VARIANTS, build_ampd_policy
+from pdserve.policies.ampd.settings import AmpdSettings
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicySetup
+from pdserve.policies.setup import PolicyConfig, PolicySetup
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, attn_units
 from pdserve.workload.sessions import AGENT_PROFILES, session_workload
@@ -66,9 +67,7 @@ class Case:
     load: float
     sessions: int
     tp: int
-    alpha: float = 0.9
-    beta: float = 0.85
-    window: int = 3
+    ampd: AmpdSettings = AmpdSettings()  # alpha, beta, window (the paper's by default)
 
 
 def topology(perfs: list[PerfModel], tp: int) -> Topology:
@@ -96,9 +95,10 @@ def run_case(case: Case) -> dict[str, float]:
     half = instances // 2
     if case.policy in AMPD_VARIANTS:
         policy, context = build_ampd_policy(case.policy, slo, half, instances - half, [perf],
-                                            case.alpha, case.beta, case.window)
+                                            case.ampd)
     else:
-        policy, _ = build_policy(case.policy, PolicySetup(perf, slo, instances=instances))
+        policy, _ = build_policy(PolicySetup(perf, slo, PolicyConfig(case.policy),
+                                             instances=instances))
         context = None
     sim = Simulator(policy, instances, perf, topology=topology([perf] * instances, tp))
     result = sim.run(workload.requests())
@@ -190,9 +190,12 @@ def planner_vs_exhaustive(pool: ProcessPoolExecutor, sessions: int) -> None:
 def sensitivity(pool: ProcessPoolExecutor, sessions: int) -> None:
     """Fig. 6: w, alpha, beta one at a time (Llama-3.1-70B, DuReader-like, 16 GPUs)."""
     base = Case("llama-3.1-70b", "dureader", "ampd", 1.6, sessions, 8)
-    variants = ([("w", w, replace(base, window=w)) for w in (2, 3, 4, 5)]
-                + [("alpha", a, replace(base, alpha=a)) for a in (0.75, 0.8, 0.85, 0.9, 0.95, 1.0)]
-                + [("beta", b, replace(base, beta=b)) for b in (0.75, 0.8, 0.85, 0.9, 0.95)])
+    def with_ampd(**changes: float) -> Case:
+        return replace(base, ampd=replace(base.ampd, **changes))
+
+    variants = ([("w", w, with_ampd(window=w)) for w in (2, 3, 4, 5)]
+                + [("alpha", a, with_ampd(alpha=a)) for a in (0.75, 0.8, 0.85, 0.9, 0.95, 1.0)]
+                + [("beta", b, with_ampd(beta=b)) for b in (0.75, 0.8, 0.85, 0.9, 0.95)])
     results = list(pool.map(run_case, [case for _, _, case in variants]))
     print("\n## Sensitivity (Fig. 6; Llama-3.1-70B, DuReader-like, 16 GPUs as TP8, load 1.6)\n")
     for (name, value, _), result in zip(variants, results, strict=True):

@@ -28,17 +28,16 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pdserve.cluster.actions import Action
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.metrics.summary import Summary
 from pdserve.policies.ares.rebalancer import AresRebalancer
 from pdserve.policies.base import Rebalancer
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicySetup
 from pdserve.sim.records import SimResult, SimSettings
 from pdserve.sim.runner import Experiment, build_topology
 from pdserve.sim.simulator import Simulator
@@ -48,11 +47,13 @@ POLICIES = [("vllm", "history"), ("reschedule-current", "history"),
             ("ares", "noisy:mae=2000"), ("ares", "history"), ("ares", "oracle")]
 
 
-def base_config(**fields: object) -> SimConfig:
-    config = SimConfig(trace="synthetic", synthetic_lengths="table:sharegpt-long",
-                       prefill=1, decode=3, model=MODEL, gpu=GPU, inter_node_link="tcp-25g",
-                       instances_per_node=1, ttft_slo_s=10.0, tpot_slo_s=0.03)
-    return replace(config, **fields)
+def base_config(values: dict[str, object]) -> Config:
+    """1P+3D W8A8 4090Ds, one per node on 25 Gbps, with `values` (by dotted config path)."""
+    return Config().with_values({
+        "workload.trace": "synthetic", "workload.synthetic_lengths": "table:sharegpt-long",
+        "cluster.prefill": 1, "cluster.decode": 3, "perf.model": MODEL, "perf.gpu": GPU,
+        "cluster.inter_node_link": "tcp-25g", "cluster.instances_per_node": 1,
+        "slo.ttft_s": 10.0, "slo.tpot_s": 0.03, **values})
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Row:
     wall_s: float
 
 
-def run(config: SimConfig, label: str) -> Row:
+def run(config: Config, label: str) -> Row:
     experiment = Experiment.from_config(config)
     started = time.perf_counter()
     result = experiment.simulate()
@@ -93,10 +94,11 @@ def table_rates(requests: int, seeds: int) -> None:
         print(f" {trace} at {rate} req/s")
         rows = []
         for policy, predictor in POLICIES:
-            per_seed = [run(base_config(policy=policy, ares_predictor=predictor, seed=seed,
-                                        synthetic_requests=requests,
-                                        synthetic_rate_rps=rate,
-                                        synthetic_lengths=f"table:{trace}"),
+            per_seed = [run(base_config({"policy.name": policy,
+                                         "policy.ares.forecast.predictor": predictor,
+                                         "seed": seed, "workload.synthetic_requests": requests,
+                                         "workload.synthetic_rate_rps": rate,
+                                         "workload.synthetic_lengths": f"table:{trace}"}),
                             policy if policy != "ares" else f"ares ({predictor})")
                         for seed in range(seeds)]
             rows.append(Row(per_seed[0].label,
@@ -112,17 +114,21 @@ def table_sensitivity(requests: int) -> None:
     print(f"table 2: ares sensitivity at 0.25 req/s sharegpt-long ({requests} requests)")
     variants: list[tuple[str, dict[str, object]]] = [
         ("defaults (theta .1, H 2000, decay .8)", {}),
-        ("theta 0.05", {"ares_theta": 0.05}), ("theta 0.2", {"ares_theta": 0.2}),
-        ("theta 0.4", {"ares_theta": 0.4}),
-        ("H 500", {"ares_horizon_steps": 500}), ("H 8000", {"ares_horizon_steps": 8000}),
-        ("decay 0.5", {"ares_decay": 0.5}), ("decay 1.0 (flat)", {"ares_decay": 1.0}),
-        ("refresh k 100", {"ares_refresh_tokens": 100}),
+        ("theta 0.05", {"policy.ares.theta": 0.05}), ("theta 0.2", {"policy.ares.theta": 0.2}),
+        ("theta 0.4", {"policy.ares.theta": 0.4}),
+        ("H 500", {"policy.ares.forecast.horizon_steps": 500}),
+        ("H 8000", {"policy.ares.forecast.horizon_steps": 8000}),
+        ("decay 0.5", {"policy.ares.forecast.decay": 0.5}),
+        ("decay 1.0 (flat)", {"policy.ares.forecast.decay": 1.0}),
+        ("refresh k 100", {"policy.ares.forecast.refresh_every_tokens": 100}),
     ]
     for predictor in ("oracle", "history"):
-        rows = [run(base_config(policy="ares", ares_predictor=predictor,
-                                synthetic_requests=requests, synthetic_rate_rps=0.25,
-                                **fields), f"{predictor}: {label}")
-                for label, fields in variants]
+        rows = [run(base_config({"policy.name": "ares",
+                                 "policy.ares.forecast.predictor": predictor,
+                                 "workload.synthetic_requests": requests,
+                                 "workload.synthetic_rate_rps": 0.25, **values}),
+                    f"{predictor}: {label}")
+                for label, values in variants]
         print_rows(rows)
 
 
@@ -146,19 +152,16 @@ class StepTimeProbe:
         return self.inner.on_tick(view, board)
 
 
-def simulate_probed(config: SimConfig, warmup_s: float
+def simulate_probed(config: Config, warmup_s: float
                     ) -> tuple[Summary, SimResult, StepTimeProbe, Rebalancer, float]:
     """One run with the step-time probe around the policy's rebalancer."""
     experiment = Experiment.from_config(config)
-    policy, count = build_policy(config.policy, PolicySetup(
-        experiment.perf, experiment.slo, prefill=config.prefill, decode=config.decode,
-        chunk_size_tokens=config.chunk_size_tokens, max_batch_size=config.max_batch_size,
-        rebalancer=config.rebalancer, ares=config.ares_settings()))
+    policy, count = build_policy(experiment.policy_setup())
     inner = policy.rebalancer
     probe = StepTimeProbe(inner, experiment.perf.decode.step_s, warmup_s)
     policy.rebalancer = probe
-    settings = SimSettings(config.chunk_size_tokens, config.max_batch_size,
-                           config.transfer_calls, config.monitor_interval_s)
+    settings = SimSettings(config.instance.chunk_size_tokens, config.instance.max_batch_size,
+                           config.sim.transfer_calls, config.monitor.interval_s)
     started = time.perf_counter()
     result = Simulator(policy, count, experiment.perf, settings,
                        build_topology(config, experiment.perf, count)).run(
@@ -178,10 +181,11 @@ def table_balance(sizes: list[int], duration_s: float, warmup_s: float) -> None:
     for size in sizes:
         rate = 0.3 * size / 8
         for policy in ("vllm", "reschedule-current", "ares"):
-            config = base_config(policy=policy, ares_predictor="oracle", decode=size,
-                                 prefill=max(1, size // 8),
-                                 synthetic_requests=max(50, int(rate * duration_s)),
-                                 synthetic_rate_rps=rate)
+            config = base_config({"policy.name": policy,
+                                  "policy.ares.forecast.predictor": "oracle",
+                                  "cluster.decode": size, "cluster.prefill": max(1, size // 8),
+                                  "workload.synthetic_requests": max(50, int(rate * duration_s)),
+                                  "workload.synthetic_rate_rps": rate})
             summary, result, probe, inner, wall = simulate_probed(config, warmup_s)
             var = statistics.fmean(probe.variances_ms2) if probe.variances_ms2 else 0.0
             rounds = ""
@@ -205,8 +209,10 @@ def table_small_balance(requests: int) -> None:
           f"{'P99 TPOT':>9s}")
     for rate in (0.17, 0.25):
         for policy, predictor in POLICIES:
-            config = base_config(policy=policy, ares_predictor=predictor,
-                                 synthetic_requests=requests, synthetic_rate_rps=rate)
+            config = base_config({"policy.name": policy,
+                                  "policy.ares.forecast.predictor": predictor,
+                                  "workload.synthetic_requests": requests,
+                                  "workload.synthetic_rate_rps": rate})
             summary, result, probe, _, _ = simulate_probed(config, 300.0)
             var = statistics.fmean(probe.variances_ms2) if probe.variances_ms2 else 0.0
             label = policy if policy != "ares" else f"ares ({predictor})"

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.metrics import plots
 from pdserve.metrics.goodput import GoodputResult
 from pdserve.metrics.summary import tpot_s
@@ -66,13 +66,15 @@ class Setup:
     min_dwell_s: float = 5.0  # arrow
 
     def config(self, workload: str, tpot_slo_s: float, duration_s: float | None,
-               tolerance: float) -> SimConfig:
+               tolerance: float) -> Config:
         trace, ttft_slo_s, _, _ = WORKLOADS[workload]
-        return SimConfig(trace=trace, duration_s=duration_s, policy=self.policy, tp=self.tp,
-                         model="llama-3.1-8b", gpu="h800", instances=self.instances,
-                         prefill=self.prefill, decode=self.decode, ttft_slo_s=ttft_slo_s,
-                         tpot_slo_s=tpot_slo_s, goodput_tolerance=tolerance,
-                         arrow_min_dwell_s=self.min_dwell_s)
+        return Config().with_values({
+            "workload.trace": trace, "workload.duration_s": duration_s,
+            "policy.name": self.policy, "perf.tp": self.tp, "perf.model": "llama-3.1-8b",
+            "perf.gpu": "h800", "cluster.instances": self.instances,
+            "cluster.prefill": self.prefill, "cluster.decode": self.decode,
+            "slo.ttft_s": ttft_slo_s, "slo.tpot_s": tpot_slo_s, "goodput.tolerance": tolerance,
+            "policy.arrow.min_dwell_s": self.min_dwell_s})
 
 
 SETUPS = [Setup("vllm-tp8", "colocated", 8, instances=1),

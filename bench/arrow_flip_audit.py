@@ -25,7 +25,7 @@ from collections import Counter
 import numpy as np
 
 import pdserve.policies.arrow.prefill_router as prefill_router
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.perf.presets import perf_model
 from pdserve.policies.arrow.pools import least_delay
 from pdserve.policies.arrow.profiling import TtftPredictor, profile_ttft
@@ -86,9 +86,9 @@ def undone_flips(result: SimResult, window_s: float) -> int:
 
 def audit_run(workload: str, recorder: DispatchRecorder, window_s: float) -> None:
     trace, ttft_slo_s, tpot_slo_s, duration_s, scale = RUNS[workload]
-    experiment = Experiment.from_config(SimConfig(
-        trace=trace, policy="arrow", duration_s=duration_s, ttft_slo_s=ttft_slo_s,
-        tpot_slo_s=tpot_slo_s))
+    experiment = Experiment.from_config(Config().with_values({
+        "workload.trace": trace, "policy.name": "arrow", "workload.duration_s": duration_s,
+        "slo.ttft_s": ttft_slo_s, "slo.tpot_s": tpot_slo_s}))
     recorder.predicted_ok.clear()
     result = experiment.simulate(scale)
     summary = experiment.summarize(result)

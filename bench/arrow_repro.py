@@ -22,15 +22,15 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.metrics import plots
 from pdserve.metrics.goodput import GoodputResult
 from pdserve.sim.runner import Experiment
 
 TRACES = {
-    "azure-code": dict(ttft_slo_s=3.0, tpot_slo_s=0.1),
-    "azure-conv": dict(ttft_slo_s=2.0, tpot_slo_s=0.15),
-    "mooncake-conv": dict(ttft_slo_s=30.0, tpot_slo_s=0.1, duration_s=600.0),
+    "azure-code": {"slo.ttft_s": 3.0, "slo.tpot_s": 0.1},
+    "azure-conv": {"slo.ttft_s": 2.0, "slo.tpot_s": 0.15},
+    "mooncake-conv": {"slo.ttft_s": 30.0, "slo.tpot_s": 0.1, "workload.duration_s": 600.0},
 }
 
 
@@ -47,8 +47,10 @@ class Outcome:
 
 
 def run_job(trace: str, policy: str, prefill: int, tolerance: float) -> Outcome:
-    config = SimConfig(trace=trace, policy=policy, prefill=prefill, decode=8 - prefill,
-                       instances=8, goodput_tolerance=tolerance, **TRACES[trace])
+    config = Config().with_values({
+        "workload.trace": trace, "policy.name": policy, "cluster.prefill": prefill,
+        "cluster.decode": 8 - prefill, "cluster.instances": 8, "goodput.tolerance": tolerance,
+        **TRACES[trace]})
     experiment = Experiment.from_config(config)
     goodput = experiment.goodput()
     scale = goodput.rate_scale or min(p.rate_scale for p in goodput.points)

@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pdserve.config import SimConfig  # noqa: E402
+from pdserve.config import Config  # noqa: E402
 from pdserve.sim.runner import Experiment  # noqa: E402
 
 SIZES = (4, 8, 16, 32)
@@ -28,9 +28,10 @@ SIZES = (4, 8, 16, 32)
 
 def run_job(policy: str, instances: int, per_instance_rps: float,
             tolerance: float) -> tuple[str, int, float, float]:
-    config = SimConfig(trace="azure-conv", policy=policy, prefill=instances // 2,
-                       decode=instances - instances // 2, ttft_slo_s=2.0, tpot_slo_s=0.15,
-                       goodput_tolerance=tolerance)
+    config = Config().with_values({
+        "workload.trace": "azure-conv", "policy.name": policy, "cluster.prefill": instances // 2,
+        "cluster.decode": instances - instances // 2, "slo.ttft_s": 2.0, "slo.tpot_s": 0.15,
+        "goodput.tolerance": tolerance})
     experiment = Experiment.from_config(config)
     goodput = experiment.goodput()
     scale = per_instance_rps * instances / experiment.workload.mean_rate_rps

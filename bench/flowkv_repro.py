@@ -38,7 +38,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.metrics.summary import Summary
 from pdserve.perf.presets import perf_model
 from pdserve.policies.flowkv.settings import FlowKVSettings, ScoreWeights
@@ -48,35 +48,41 @@ from pdserve.sim.simulator import SimResult
 A_SETUPS = [("llama-3.1-8b", 1), ("llama-3.1-70b", 4)]
 A_INPUTS = [1000, 5000, 10000]
 A_RATE_FACTORS = [0.25, 0.5, 1.0, 2.0, 4.0]  # x one instance's prefill rate for the input
-A_SYSTEMS = [  # label, config fields
-    ("flowkv 1P1D", dict(policy="flowkv", prefill=1, decode=1)),
-    ("colocated x2", dict(policy="colocated", instances=2)),
-    ("colocated x2 prefill-first", dict(policy="colocated", instances=2,
-                                        phase_priority="prefill-first")),
-    ("static-pd 1P1D layer-wise", dict(policy="static-pd", prefill=1, decode=1,
-                                       transfer_mode="per-block-per-layer")),
-    ("static-pd 1P1D aligned", dict(policy="static-pd", prefill=1, decode=1)),
+A_SYSTEMS: list[tuple[str, dict[str, object]]] = [  # label, config values
+    ("flowkv 1P1D", {"policy.name": "flowkv", "cluster.prefill": 1, "cluster.decode": 1}),
+    ("colocated x2", {"policy.name": "colocated", "cluster.instances": 2}),
+    ("colocated x2 prefill-first", {"policy.name": "colocated", "cluster.instances": 2,
+                                    "policy.phase_priority": "prefill-first"}),
+    ("static-pd 1P1D layer-wise", {"policy.name": "static-pd", "cluster.prefill": 1,
+                                   "cluster.decode": 1,
+                                   "sim.transfer_mode": "per-block-per-layer"}),
+    ("static-pd 1P1D aligned", {"policy.name": "static-pd", "cluster.prefill": 1,
+                                "cluster.decode": 1}),
 ]
-B_SYSTEMS = [
-    ("P-L20/D-H20", dict(policy="flowkv", instances="4xl20:prefill,4xh20:decode")),
-    ("P-H20/D-L20", dict(policy="flowkv", instances="4xh20:prefill,4xl20:decode")),
-    ("colocated L20+H20", dict(policy="colocated", instances="4xl20:mixed,4xh20:mixed")),
+B_SYSTEMS: list[tuple[str, dict[str, object]]] = [
+    ("P-L20/D-H20", {"policy.name": "flowkv", "cluster.instances": "4xl20:prefill,4xh20:decode"}),
+    ("P-H20/D-L20", {"policy.name": "flowkv", "cluster.instances": "4xh20:prefill,4xl20:decode"}),
+    ("colocated L20+H20", {"policy.name": "colocated",
+                           "cluster.instances": "4xl20:mixed,4xh20:mixed"}),
 ]
 B_RATES = [2.0, 4.0, 6.0, 8.0, 10.0]
 D_SCALES = [0.6, 0.7, 0.8]
 
 
-def run(config: SimConfig, flowkv: FlowKVSettings | None = None) -> tuple[Summary, SimResult]:
-    experiment = Experiment.from_config(config)
-    experiment.flowkv = flowkv
+def run(config: Config, flowkv: FlowKVSettings | None = None) -> tuple[Summary, SimResult]:
+    experiment = Experiment.from_config(config.with_values({"policy.flowkv": flowkv})
+                                        if flowkv else config)
     result = experiment.simulate()
     return experiment.summarize(result), result
 
 
-def a_config(model: str, tp: int, input_tokens: int, rate: float, **fields) -> SimConfig:
-    return SimConfig(trace="synthetic", synthetic_requests=100, synthetic_rate_rps=rate,
-                     synthetic_lengths=f"fixed:{input_tokens}:256", model=model, gpu="a100",
-                     tp=tp, ttft_slo_s=30.0, tpot_slo_s=0.2, **fields)
+def a_config(model: str, tp: int, input_tokens: int, rate: float,
+             values: dict[str, object]) -> Config:
+    return Config().with_values({
+        "workload.trace": "synthetic", "workload.synthetic_requests": 100,
+        "workload.synthetic_rate_rps": rate,
+        "workload.synthetic_lengths": f"fixed:{input_tokens}:256", "perf.model": model,
+        "perf.gpu": "a100", "perf.tp": tp, "slo.ttft_s": 30.0, "slo.tpot_s": 0.2, **values})
 
 
 def a_rates(model: str, tp: int, input_tokens: int) -> list[float]:
@@ -84,12 +90,12 @@ def a_rates(model: str, tp: int, input_tokens: int) -> list[float]:
     return [factor / prefill_s for factor in A_RATE_FACTORS]
 
 
-def max_throughput(model: str, tp: int, input_tokens: int, fields: dict,
+def max_throughput(model: str, tp: int, input_tokens: int, values: dict[str, object],
                    flowkv: FlowKVSettings | None = None) -> tuple[float, float, int]:
     """(highest req/s over the rates, its total tokens/s, role changes at that rate)."""
     best = (0.0, 0.0, 0)
     for rate in a_rates(model, tp, input_tokens):
-        summary, result = run(a_config(model, tp, input_tokens, rate, **fields), flowkv)
+        summary, result = run(a_config(model, tp, input_tokens, rate, values), flowkv)
         if summary.throughput_rps > best[0]:
             best = (summary.throughput_rps, summary.total_tokens_per_s,
                     len(result.role_changes))
@@ -101,8 +107,8 @@ def part_a() -> list[dict]:
     for model, tp in A_SETUPS:
         for input_tokens in A_INPUTS:
             row: dict = {"model": model, "tp": tp, "input": input_tokens}
-            for label, fields in A_SYSTEMS:
-                rps, tokens_s, flips = max_throughput(model, tp, input_tokens, fields)
+            for label, values in A_SYSTEMS:
+                rps, tokens_s, flips = max_throughput(model, tp, input_tokens, values)
                 row[label] = {"rps": rps, "tokens_s": tokens_s, "role_changes": flips}
             rows.append(row)
             print(f"(a) {model} tp{tp} in {input_tokens}: " + ", ".join(
@@ -110,18 +116,20 @@ def part_a() -> list[dict]:
     return rows
 
 
-def b_config(rate: float, **fields) -> SimConfig:
-    return SimConfig(trace="synthetic", synthetic_requests=300, synthetic_rate_rps=rate,
-                     synthetic_lengths="table:arxiv-lengths", model="llama-3.1-8b",
-                     inter_node_link="tcp-25g", ttft_slo_s=10.0, tpot_slo_s=0.1, **fields)
+def b_config(rate: float, values: dict[str, object]) -> Config:
+    return Config().with_values({
+        "workload.trace": "synthetic", "workload.synthetic_requests": 300,
+        "workload.synthetic_rate_rps": rate, "workload.synthetic_lengths": "table:arxiv-lengths",
+        "perf.model": "llama-3.1-8b", "cluster.inter_node_link": "tcp-25g",
+        "slo.ttft_s": 10.0, "slo.tpot_s": 0.1, **values})
 
 
 def part_b() -> list[dict]:
     rows = []
     for rate in B_RATES:
         row: dict = {"rate_rps": rate}
-        for label, fields in B_SYSTEMS:
-            summary, _ = run(b_config(rate, **fields))
+        for label, values in B_SYSTEMS:
+            summary, _ = run(b_config(rate, values))
             row[label] = {"e2e_mean_s": summary.e2e_s.mean, "tpot_mean_s": summary.tpot_s.mean,
                           "ttft_mean_s": summary.ttft_s.mean}
         rows.append(row)
@@ -140,12 +148,13 @@ def part_c() -> list[dict]:
         for input_tokens in (5000, 10000):
             row: dict = {"where": where, "input": input_tokens}
             for mode in ("per-block-per-layer", "aligned"):
-                config = SimConfig(trace="synthetic", synthetic_requests=20,
-                                   synthetic_rate_rps=0.1,
-                                   synthetic_lengths=f"fixed:{input_tokens}:16",
-                                   model="llama-3.1-8b", policy="static-pd",
-                                   instances=instances,
-                                   inter_node_link=link, transfer_mode=mode)
+                config = Config().with_values({
+                    "workload.trace": "synthetic", "workload.synthetic_requests": 20,
+                    "workload.synthetic_rate_rps": 0.1,
+                    "workload.synthetic_lengths": f"fixed:{input_tokens}:16",
+                    "perf.model": "llama-3.1-8b", "policy.name": "static-pd",
+                    "cluster.instances": instances, "cluster.inter_node_link": link,
+                    "sim.transfer_mode": mode})
                 _, result = run(config)
                 moved = [r for r in result.requests if r.request_id in result.transfer_calls]
                 row[mode] = {
@@ -161,10 +170,12 @@ def part_c() -> list[dict]:
 def part_d() -> dict:
     out = {}
     for aware in (True, False):
-        config = SimConfig(trace="mooncake-conv", duration_s=600.0, policy="flowkv",
-                           prefill=4, decode=4, model="llama-3.1-8b", gpu="a100",
-                           ttft_slo_s=30.0, tpot_slo_s=0.1, prefix_aware_routing=aware,
-                           goodput_tolerance=0.01)
+        config = Config().with_values({
+            "workload.trace": "mooncake-conv", "workload.duration_s": 600.0,
+            "policy.name": "flowkv", "cluster.prefill": 4, "cluster.decode": 4,
+            "perf.model": "llama-3.1-8b", "perf.gpu": "a100", "slo.ttft_s": 30.0,
+            "slo.tpot_s": 0.1, "policy.flowkv.prefix_aware_routing": aware,
+            "goodput.tolerance": 0.01})
         experiment = Experiment.from_config(config)
         goodput = experiment.goodput()
         result = experiment.simulate(goodput.rate_scale or 0.05)
@@ -185,15 +196,18 @@ def part_d() -> dict:
 
 
 E_NEVER = 1e9  # a duration threshold that never passes: that scaling direction is off
-E_SYSTEMS: list[tuple[str, dict, FlowKVSettings | None]] = [
-    ("static-pd 2P2D", dict(policy="static-pd", prefill=2, decode=2), None),
-    ("static-pd 3P3D", dict(policy="static-pd", prefill=3, decode=3), None),
-    ("flowkv 2P2D, no scaling", dict(policy="flowkv", prefill=2, decode=2),
+E_FLOWKV: dict[str, object] = {"policy.name": "flowkv", "cluster.prefill": 2,
+                               "cluster.decode": 2}
+E_SYSTEMS: list[tuple[str, dict[str, object], FlowKVSettings | None]] = [
+    ("static-pd 2P2D", {"policy.name": "static-pd", "cluster.prefill": 2, "cluster.decode": 2},
+     None),
+    ("static-pd 3P3D", {"policy.name": "static-pd", "cluster.prefill": 3, "cluster.decode": 3},
+     None),
+    ("flowkv 2P2D, no scaling", E_FLOWKV,
      FlowKVSettings(scale_up_after_s=E_NEVER, scale_down_after_s=E_NEVER)),
-    ("flowkv 2P2D+2R, up only", dict(policy="flowkv", prefill=2, decode=2, reserve=2),
+    ("flowkv 2P2D+2R, up only", {**E_FLOWKV, "cluster.reserve": 2},
      FlowKVSettings(scale_down_after_s=E_NEVER)),
-    *[(f"flowkv 2P2D+2R, down after {down:g}s low",
-       dict(policy="flowkv", prefill=2, decode=2, reserve=2),
+    *[(f"flowkv 2P2D+2R, down after {down:g}s low", {**E_FLOWKV, "cluster.reserve": 2},
        FlowKVSettings(scale_down_after_s=down)) for down in (30.0, 120.0, 300.0)],
 ]
 
@@ -201,10 +215,11 @@ E_SYSTEMS: list[tuple[str, dict, FlowKVSettings | None]] = [
 def part_e() -> list[dict]:
     rows = []
     for scale in (1.0, 2.0):
-        for label, fields, settings in E_SYSTEMS:
-            config = SimConfig(trace="azure-code", duration_s=1800.0, model="llama-3.1-8b",
-                               gpu="a100", ttft_slo_s=2.0, tpot_slo_s=0.1, rate_scale=scale,
-                               **fields)
+        for label, values, settings in E_SYSTEMS:
+            config = Config().with_values({
+                "workload.trace": "azure-code", "workload.duration_s": 1800.0,
+                "perf.model": "llama-3.1-8b", "perf.gpu": "a100", "slo.ttft_s": 2.0,
+                "slo.tpot_s": 0.1, "workload.rate_scale": scale, **values})
             summary, result = run(config, settings)
             starts = sum(1 for event in result.scaling_events if event[2] == "start")
             stops = sum(1 for event in result.scaling_events if event[2] == "stop"
@@ -248,7 +263,7 @@ def sensitivity() -> dict:
     flowkv = dict(A_SYSTEMS)["flowkv 1P1D"]
     for name, settings in variants().items():
         rps, _, flips = max_throughput("llama-3.1-8b", 1, 5000, flowkv, settings)
-        summary, result = run(b_config(8.0, **dict(B_SYSTEMS)["P-L20/D-H20"]), settings)
+        summary, result = run(b_config(8.0, dict(B_SYSTEMS)["P-L20/D-H20"]), settings)
         out[name] = {"a_8b_5k_rps": rps, "a_role_changes": flips,
                      "b_e2e_mean_s": summary.e2e_s.mean, "b_role_changes":
                      len(result.role_changes)}

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.metrics.summary import summarize
 from pdserve.sim.runner import Experiment, build_topology
 
-BASE = SimConfig(trace="mooncake-conv", duration_s=600, policy="static-pd", prefill=4,
-                 decode=4, model="llama-3.1-8b", gpu="h800")
+BASE = Config().with_values({"workload.trace": "mooncake-conv", "workload.duration_s": 600,
+                             "policy.name": "static-pd", "cluster.prefill": 4,
+                             "cluster.decode": 4, "perf.model": "llama-3.1-8b",
+                             "perf.gpu": "h800"})
 NETWORKS = (("rdma-200g", 8), ("rdma-200g", 4), ("tcp-100g", 4), ("tcp-25g", 4))
 
 
@@ -29,7 +31,8 @@ def main() -> None:
           "P90 TPOT ms | P99 max ITL ms (AMPD) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for link, per_node in NETWORKS:
-        config = BASE.replaced(inter_node_link=link, instances_per_node=per_node)
+        config = BASE.with_values({"cluster.inter_node_link": link,
+                                   "cluster.instances_per_node": per_node})
         experiment = Experiment.from_config(config)
         result = experiment.simulate()
         topology = build_topology(config, experiment.perf, 8)

@@ -20,7 +20,7 @@ workers than cores would time-share cores, which no performance model here descr
    admitted each request and when the batch that made its first token ended
    (`live/timeline.py`), the client when it sent it and got the text, on one clock; what is
    outside admission..batch end (HTTP, tokenizing, pipes, streaming) is
-   `SimConfig.control_latency_s` (its median).
+   `sim.control_latency_s` of the config (its median).
 4. For colocated (2 mixed), static-pd 1P1D and arrow (1P1D start): `--repeats` live runs,
    each a fresh `pdserve serve` with real HTTP streaming (each logging the same timeline, so
    every run's TTFT splits into the part the simulator models and the control plane's);
@@ -37,7 +37,7 @@ workers than cores would time-share cores, which no performance model here descr
 7. "at rate + spread": the same models with the spread measured in the same calibration
    runs: each prefill batch drawn around its mean with the logged periods' coefficient of
    variation (`PerfModel.prefill_step_cv`, `sim/step_noise.py`), each request's control
-   latency drawn with the measured median and P90 (`SimConfig.control_latency_p90_s`).
+   latency drawn with the measured median and P90 (the config's `sim.control_latency_p90_s`).
 8. "same run + spread": each live run against the simulator on that run's own step log,
    spread and control latency, averaged over the repeats: the shared machine's speed drifts
    over minutes, and this holds it fixed (`bench/fidelity_same_run.py` recomputes it from a
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.engine.profile import ProfileGrid, profile_engine
 from pdserve.live.replay_client import ClientTimeline
 from pdserve.live.serve_and_replay import serve_and_replay
@@ -84,13 +84,15 @@ def stats_of(summary: Summary) -> dict[str, float]:
 
 
 def sim_config(policy: str, slo: SLO, control_latency_s: float = 0.0,
-               control_latency_p90_s: float = 0.0) -> SimConfig:
+               control_latency_p90_s: float = 0.0) -> Config:
     prefill, decode = POLICIES[policy]
-    return SimConfig(policy=policy, instances=INSTANCES, prefill=prefill, decode=decode,
-                     chunk_size_tokens=CHUNK, max_batch_size=MAX_BATCH, ttft_slo_s=slo.ttft_s,
-                     tpot_slo_s=slo.tpot_s, monitor_interval_s=0.5,
-                     control_latency_s=control_latency_s,
-                     control_latency_p90_s=control_latency_p90_s)
+    return Config().with_values({"policy.name": policy, "cluster.instances": INSTANCES,
+                                 "cluster.prefill": prefill, "cluster.decode": decode,
+                                 "instance.chunk_size_tokens": CHUNK,
+                                 "instance.max_batch_size": MAX_BATCH, "slo.ttft_s": slo.ttft_s,
+                                 "slo.tpot_s": slo.tpot_s, "monitor.interval_s": 0.5,
+                                 "sim.control_latency_s": control_latency_s,
+                                 "sim.control_latency_p90_s": control_latency_p90_s})
 
 
 def simulate(policy: str, slo: SLO, workload: Workload, perf: PerfModel,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.engine.profile import ProfileGrid, profile_engine
 from pdserve.live.serve_and_replay import serve_and_replay
 from pdserve.metrics.summary import Summary, summarize
@@ -82,10 +82,12 @@ def main() -> None:
     for policy in POLICIES:
         live = summarize(live_run(policy, perf_file, slo, workload, args.duration + 180), slo)
         prefill, decode = (2, 2) if POLICIES[policy] else (4, 4)
-        config = SimConfig(policy=policy, instances=4, prefill=prefill, decode=decode,
-                           chunk_size_tokens=CHUNK, max_batch_size=MAX_BATCH,
-                           ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s,
-                           monitor_interval_s=0.5)
+        config = Config().with_values({"policy.name": policy, "cluster.instances": 4,
+                                       "cluster.prefill": prefill, "cluster.decode": decode,
+                                       "instance.chunk_size_tokens": CHUNK,
+                                       "instance.max_batch_size": MAX_BATCH,
+                                       "slo.ttft_s": slo.ttft_s, "slo.tpot_s": slo.tpot_s,
+                                       "monitor.interval_s": 0.5})
         runs = {"live": live}
         for kind, model_file in (("sim, profile alone", perf_file),
                                  ("sim, profile contended", contended_file)):

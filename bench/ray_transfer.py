@@ -45,7 +45,7 @@ from pdserve.live.ray_cluster import LOOPBACK, RaySettings, use_loopback
 from pdserve.live.ray_kv import KVServer, object_store_pool, read_run, tcp_pool
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicySetup
+from pdserve.policies.setup import PolicyConfig, PolicySetup
 from pdserve.types import SLO
 
 LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64  # SmolLM2-135M-Instruct's KV
@@ -171,8 +171,8 @@ async def step_table(cluster: Cluster, repeats: int) -> None:
         drivers = []
         for ray_settings in (None, RaySettings(address=cluster.address, namespace=NAMESPACE,
                                                instance_resources=("node-a",))):
-            policy, count = build_policy("colocated", PolicySetup(perf, SLO(2.0, 0.2),
-                                                                  instances=1))
+            policy, count = build_policy(PolicySetup(perf, SLO(2.0, 0.2),
+                                                     PolicyConfig("colocated"), instances=1))
             _, tokenizer = load_model(model, 0)
             driver = LiveDriver(policy, count, tokenizer, WorkerSettings(model, 0, 256,
                                                                          perf=perf),

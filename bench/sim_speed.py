@@ -18,11 +18,12 @@ started = time.perf_counter()
 import argparse  # noqa: E402
 import platform  # noqa: E402
 
-from pdserve.config import SimConfig  # noqa: E402
+from pdserve.config import Config  # noqa: E402
 from pdserve.sim.runner import Experiment  # noqa: E402
 
-CONFIG = SimConfig(trace="azure-conv", policy="static-pd", prefill=4, decode=4,
-                   model="llama-3.1-8b", gpu="h800")
+CONFIG = Config().with_values({"workload.trace": "azure-conv", "policy.name": "static-pd",
+                               "cluster.prefill": 4, "cluster.decode": 4,
+                               "perf.model": "llama-3.1-8b", "perf.gpu": "h800"})
 
 
 def timed_run(max_span_steps: int) -> tuple[float, list]:

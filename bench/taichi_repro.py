@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.planning.taichi import PlanResult, SliderPoint, search, slider_grid
 from pdserve.sim.runner import Experiment
 
@@ -70,22 +70,24 @@ class SetupResult:
 
 
 def base_config(model: str, workload: str, slo: int, requests: int,
-                tolerance: float) -> SimConfig:
+                tolerance: float) -> Config:
     lengths, slo1, slo2, rate, default_requests = WORKLOADS[workload]
     requests = requests or default_requests
     tp, relax = MODELS[model]
     ttft, tpot = slo1 if slo == 1 else slo2
-    return SimConfig(trace="synthetic", synthetic_lengths=lengths, synthetic_requests=requests,
-                     synthetic_rate_rps=rate, seed=1, model=model, gpu="a100", tp=tp,
-                     ttft_slo_s=ttft, tpot_slo_s=tpot + relax, monitor_interval_s=0.1,
-                     goodput_tolerance=tolerance, prefill=2, decode=2)
+    return Config().with_values({
+        "workload.trace": "synthetic", "workload.synthetic_lengths": lengths,
+        "workload.synthetic_requests": requests, "workload.synthetic_rate_rps": rate, "seed": 1,
+        "perf.model": model, "perf.gpu": "a100", "perf.tp": tp, "slo.ttft_s": ttft,
+        "slo.tpot_s": tpot + relax, "monitor.interval_s": 0.1, "goodput.tolerance": tolerance,
+        "cluster.prefill": 2, "cluster.decode": 2})
 
 
-def p90_over_slo(experiment: Experiment, config: SimConfig, rate_rps: float) -> tuple[float,
-                                                                                      float]:
+def p90_over_slo(experiment: Experiment, config: Config, rate_rps: float) -> tuple[float,
+                                                                                   float]:
     trial = Experiment(config, experiment.workload, experiment.perf)
     summary = trial.summarize(trial.simulate(rate_rps / experiment.workload.mean_rate_rps))
-    return summary.ttft_s.p90 / config.ttft_slo_s, summary.tpot_s.p90 / config.tpot_slo_s
+    return summary.ttft_s.p90 / config.slo.ttft_s, summary.tpot_s.p90 / config.slo.tpot_s
 
 
 def run_setup(model: str, workload: str, slo: int, requests: int, tolerance: float,
@@ -108,7 +110,7 @@ def run_setup(model: str, workload: str, slo: int, requests: int, tolerance: flo
                              ("taichi (paper)", paper), ("taichi (searched)", searched)):
             if result is not None:
                 p90[name] = p90_over_slo(experiment, result.point.config(base), rate)
-    return SetupResult(model, workload, slo, base.ttft_slo_s, base.tpot_slo_s, aggregation,
+    return SetupResult(model, workload, slo, base.slo.ttft_s, base.slo.tpot_s, aggregation,
                        disaggregation, paper, searched, by_point.get(DEFAULT_POINT), p90,
                        len(results))
 
@@ -120,42 +122,43 @@ def breakdown(requests: int, rate_rps: float) -> list[tuple[str, float, float, f
     steps = [
         ("aggregation, chunk 256 (CP256)", SliderPoint(0, 4, 256, 256), {}),
         ("+ differentiated instances (2 x 1024 + 2 x 256)", SliderPoint(2, 2, 1024, 256),
-         dict(taichi_flowing_decode=False, taichi_length_aware_prefill=False)),
+         {"policy.taichi.flowing_decode": False, "policy.taichi.length_aware_prefill": False}),
         ("+ flowing decode", SliderPoint(2, 2, 1024, 256),
-         dict(taichi_length_aware_prefill=False)),
+         {"policy.taichi.length_aware_prefill": False}),
         ("+ length-aware prefill (taichi)", SliderPoint(2, 2, 1024, 256), {}),
     ]
     rows = []
     for label, point, switches in steps:
-        config = point.config(base).replaced(**switches)
+        config = point.config(base).with_values(switches)
         trial = Experiment(config, experiment.workload, experiment.perf)
         summary = trial.summarize(trial.simulate(rate_rps / experiment.workload.mean_rate_rps))
-        rows.append((label, summary.slo_attainment, summary.ttft_s.p90 / config.ttft_slo_s,
-                     summary.tpot_s.p90 / config.tpot_slo_s))
+        rows.append((label, summary.slo_attainment, summary.ttft_s.p90 / config.slo.ttft_s,
+                     summary.tpot_s.p90 / config.slo.tpot_s))
     return rows
 
 
 def _defaults_job(job: tuple[int, str, dict]) -> tuple[int, str, float]:
     seed, label, changes = job
-    base = base_config("qwen2.5-14b", "chat", 1, 1500, 0.03).replaced(seed=seed,
-                                                                      synthetic_rate_rps=40.0)
-    return seed, label, Experiment.from_config(base.replaced(**changes)).goodput().rate_rps
+    base = base_config("qwen2.5-14b", "chat", 1, 1500, 0.03).with_values({
+        "seed": seed, "workload.synthetic_rate_rps": 40.0})
+    return seed, label, Experiment.from_config(base.with_values(changes)).goodput().rate_rps
 
 
 def defaults_check(processes: int) -> list[tuple[int, str, float]]:
     """Out of the box on chat SLO1 (14B, 1500 requests, two seeds): taichi's default
     sliders next to colocated at its default and its best chunk, and the paper's sliders."""
     systems = [
-        ("colocated, default chunk 2048", dict(policy="colocated", instances=4,
-                                               chunk_size_tokens=2048)),
-        ("colocated, chunk 512 (best)", dict(policy="colocated", instances=4,
-                                             chunk_size_tokens=512)),
-        ("taichi defaults, R_PD 1:3", dict(policy="taichi", prefill=1, decode=3,
-                                           taichi_chunk_p_tokens=2048,
-                                           taichi_chunk_d_tokens=512)),
-        ("taichi paper, 2 x 1024 + 2 x 512", dict(policy="taichi", prefill=2, decode=2,
-                                                  taichi_chunk_p_tokens=1024,
-                                                  taichi_chunk_d_tokens=512)),
+        ("colocated, default chunk 2048", {"policy.name": "colocated", "cluster.instances": 4,
+                                           "instance.chunk_size_tokens": 2048}),
+        ("colocated, chunk 512 (best)", {"policy.name": "colocated", "cluster.instances": 4,
+                                         "instance.chunk_size_tokens": 512}),
+        ("taichi defaults, R_PD 1:3", {"policy.name": "taichi", "cluster.prefill": 1,
+                                       "cluster.decode": 3, "policy.taichi.chunk_p_tokens": 2048,
+                                       "policy.taichi.chunk_d_tokens": 512}),
+        ("taichi paper, 2 x 1024 + 2 x 512", {"policy.name": "taichi", "cluster.prefill": 2,
+                                              "cluster.decode": 2,
+                                              "policy.taichi.chunk_p_tokens": 1024,
+                                              "policy.taichi.chunk_d_tokens": 512}),
     ]
     jobs = [(seed, label, changes) for seed in (1, 2) for label, changes in systems]
     with ProcessPoolExecutor(processes) as pool:

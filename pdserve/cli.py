@@ -9,114 +9,45 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from pdserve.cluster.hardware import instances_arg
-from pdserve.cluster.topology import NETWORK_LINKS
-from pdserve.config import SimConfig
+from pdserve.config import Config
+from pdserve.config_flags import (
+    GOODPUT_FLAGS,
+    POLICY_FLAGS,
+    SIMULATE_CLUSTER_FLAGS,
+    SLO_FLAGS,
+    WORKLOAD_FLAGS,
+    add_flags,
+    config_from_args,
+)
 from pdserve.engine.profile_cli import add_profile_parser
-from pdserve.perf.specs import GPUS, MODELS
 from pdserve.planning.cli import add_plan_parser
-from pdserve.policies.ares.settings import add_ares_arguments
-from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
-from pdserve.policies.taichi.settings import add_taichi_arguments
 from pdserve.predictor.cli import add_predictor_parser
 from pdserve.server.serve_cli import add_serve_parser
-from pdserve.workload.traces import SHIPPED_TRACES
-
-# flag -> SimConfig field, for flags whose name differs from the field
-_FIELD_OF = {"ttft_slo": "ttft_slo_s", "tpot_slo": "tpot_slo_s", "start": "start_s",
-             "duration": "duration_s", "chunk_size": "chunk_size_tokens",
-             "monitor_interval": "monitor_interval_s", "monitor_window": "monitor_window_s",
-             "synthetic_rate": "synthetic_rate_rps"}
 
 
 def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate", help="replay a trace on a simulated cluster under a policy",
         description="Replay a trace on a simulated PD cluster and report TTFT/TPOT, SLO "
-        "attainment, throughput and (with --goodput) the highest rate meeting the SLOs.",
+        "attainment, throughput and (with --goodput) the highest rate meeting the SLOs. "
+        "Each option sets one value of the config tree (pdserve.config); --config FILE "
+        "sets any of them, and the options override it.",
     )
-    w = p.add_argument_group("workload")
-    w.add_argument("--trace", help=f"shipped trace ({', '.join(SHIPPED_TRACES)}), a trace file "
-                   "(pdserve/Azure/BurstGPT CSV, Mooncake JSONL), 'synthetic', or multi-round "
-                   "sessions: sharegpt-sessions, agent:toolbench|gaia|hotpotqa|dureader "
-                   "(--synthetic-requests sessions at --synthetic-rate per second) [azure-conv]")
-    w.add_argument("--rate-scale", type=float, help="multiply the request rate [1]")
-    w.add_argument("--start", type=float, help="skip the first START seconds of the trace [0]")
-    w.add_argument("--duration", type=float, help="keep DURATION seconds of the trace [all]")
-    w.add_argument("--max-requests", type=int, help="keep at most this many requests")
-    w.add_argument("--synthetic-requests", type=int, help="synthetic: number of requests [1000]")
-    w.add_argument("--synthetic-rate", type=float, help="synthetic: requests per second [10]")
-    w.add_argument("--synthetic-arrival", choices=["poisson", "gamma"], help="[poisson]")
-    w.add_argument("--synthetic-cv", type=float, help="gamma arrivals' coefficient of "
-                   "variation [1]")
-    w.add_argument("--synthetic-lengths", help="fixed:IN:OUT | table:arxiv-lengths | "
-                   "uniform:LO-HI:LO-HI | lognormal:MEAN_IN:MEAN_OUT:SIGMA; tables: arxiv-lengths, "
-                   "arxiv-long, sharegpt, sharegpt-first, sharegpt-long, alpaca-long "
-                   "[fixed:512:128]")
-    w.add_argument("--seed", type=int, help="seed of synthetic workloads [0]")
+    defaults = Config()
+    add_flags(p.add_argument_group("workload"), WORKLOAD_FLAGS, defaults)
     c = p.add_argument_group("cluster and policy")
-    c.add_argument("--policy", choices=list(PRESETS), help="policy preset [static-pd]")
-    c.add_argument("--prefill-router", choices=list(PREFILL_ROUTERS),
-                   help="replace the preset's prefill router")
-    c.add_argument("--decode-router", choices=list(DECODE_ROUTERS),
-                   help="replace the preset's decode router")
-    c.add_argument("--prefill", type=int, help="prefill instances (disaggregated presets) [4]")
-    c.add_argument("--decode", type=int, help="decode instances (disaggregated presets) [4]")
-    c.add_argument("--instances", type=instances_arg, help="instances (colocated preset), or "
-                   "per-GPU groups COUNTxGPU[/tpN]:ROLE,... (roles prefill, decode, mixed, "
-                   "reserve), e.g. 4xl20:prefill,4xh20:decode [8]")
-    c.add_argument("--reserve", type=int, help="flowkv: instances held back for scaling [0]")
-    c.add_argument("--instance-startup-s", type=float, help="seconds a scaled-up instance "
-                   "takes to start serving [20]")
-    c.add_argument("--phase-priority", choices=["decode-first", "prefill-first"],
-                   help="local schedulers' phase priority [the policy's]")
-    c.add_argument("--prefix-block-tokens", type=int, help="tokens per prefix hash of the "
-                   "trace (Mooncake: 512); 0 turns the instances' prefix caches off [512 for "
-                   "flowkv, off otherwise]")
-    c.add_argument("--no-prefix-aware-routing", dest="prefix_aware_routing",
-                   action="store_false", default=None,
-                   help="flowkv: route prefills without looking at prefix-cache hits")
-    c.add_argument("--model", help=f"model ({', '.join(MODELS)}) [llama-3.1-8b]")
-    c.add_argument("--gpu", help=f"GPU ({', '.join(GPUS)}) [h800]")
-    c.add_argument("--tp", type=int, help="tensor-parallel degree per instance [setup's]")
-    c.add_argument("--perf-model", help="fitted performance model file (from pdserve profile)")
-    c.add_argument("--chunk-size", type=int, help="per-step token budget per instance [2048]")
-    c.add_argument("--max-batch-size", type=int, help="max sequences per instance [256]")
-    c.add_argument("--transfer-mode", choices=["aligned", "per-block-per-layer", "fixed"],
-                   help="count a KV transfer's calls: runs after FlowKV alignment, one per "
-                   "block per layer (K and V), or --transfer-calls [aligned for flowkv, fixed "
-                   "otherwise]")
-    c.add_argument("--transfer-calls", type=int, help="calls per KV hand-off, fixed mode [1]")
-    c.add_argument("--instances-per-node", type=int, help="instances per node, filled in id "
-                   "order [as many as fit on 8 GPUs at the tp degree]")
-    c.add_argument("--intra-node-link", help="link inside a node: 'gpu' (the GPU's, as the "
-                   "perf model prices it) or a named link [gpu]")
-    c.add_argument("--inter-node-link", help=f"link between nodes ({', '.join(NETWORK_LINKS)}"
-                   ", custom:GBPS:US_PER_CALL) [rdma-200g]")
-    c.add_argument("--monitor-interval", type=float, help="monitor tick, seconds [1]")
-    c.add_argument("--monitor-window", type=float, help="monitor statistics window, seconds [5]")
-    add_taichi_arguments(c)
-    add_ares_arguments(c)
+    add_flags(c, POLICY_FLAGS[:1], defaults)
+    add_flags(c, SIMULATE_CLUSTER_FLAGS, defaults)
+    add_flags(c, POLICY_FLAGS[1:], defaults)
     s = p.add_argument_group("SLOs and output")
-    s.add_argument("--ttft-slo", type=float, help="TTFT target, seconds [2]")
-    s.add_argument("--tpot-slo", type=float, help="TPOT target, seconds [0.15]")
-    s.add_argument("--goodput", action="store_true", default=None,
-                   help="search the highest rate scale with >= 90%% attainment")
-    s.add_argument("--goodput-target", type=float, help="attainment for goodput [0.9]")
-    s.add_argument("--config", type=Path, help="YAML file of config fields; flags override it")
-    s.add_argument("--out", type=Path, help="write summary.json, requests.csv and plots here")
+    add_flags(s, SLO_FLAGS + GOODPUT_FLAGS, defaults)
+    s.add_argument("--config", type=Path, help="YAML file of the config tree (nested "
+                   "sections, as --out writes it); options override it")
+    s.add_argument("--out", type=Path, help="write summary.json, requests.csv, config.yaml "
+                   "and plots here")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_run_simulate)
-
-
-def _config_from_args(args: argparse.Namespace) -> SimConfig:
-    config = SimConfig.from_yaml(args.config) if args.config else SimConfig()
-    skip = {"command", "handler", "config", "out", "no_progress"}
-    overrides = {_FIELD_OF.get(k, k): v for k, v in vars(args).items()
-                 if k not in skip and v is not None}
-    return config.replaced(**overrides) if overrides else config
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
@@ -131,12 +62,12 @@ def _run_simulate(args: argparse.Namespace) -> int:
     )
     from pdserve.sim.runner import Experiment
 
-    config = _config_from_args(args)
+    config = config_from_args(args)
     started = time.perf_counter()
     experiment = Experiment.from_config(config)
     workload = experiment.workload
     print(f"workload {workload.name}: {len(workload)} requests over {workload.span_s:.0f}s "
-          f"({workload.mean_rate_rps:.2f} req/s) x rate scale {config.rate_scale:g}")
+          f"({workload.mean_rate_rps:.2f} req/s) x rate scale {config.workload.rate_scale:g}")
     print(f"perf model {experiment.perf.name}: KV capacity {experiment.perf.kv_capacity_tokens} "
           f"tokens; fit R2 prefill {experiment.perf.prefill.r2:.4f}, decode "
           f"{experiment.perf.decode.r2:.4f}")
@@ -146,7 +77,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     bar.close()
     summary = experiment.summarize(result)
     print(format_summary(summary, experiment.slo,
-                         f"policy {config.policy}: simulated {result.end_s:.0f}s in "
+                         f"policy {config.policy.name}: simulated {result.end_s:.0f}s in "
                          f"{time.perf_counter() - started:.1f}s wall"))
     if result.sessions.rounds:
         stats = result.sessions
@@ -157,7 +88,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if result.migrations:
         print(f"migrations: {result.migrations} running decodes moved between instances")
     goodput = None
-    if config.goodput:
+    if config.goodput.search:
         print("goodput search:")
         goodput = experiment.goodput(on_point=lambda p: print(
             f"  rate scale {p.rate_scale:8.3f}  {p.rate_rps:8.2f} req/s  attainment "
@@ -166,25 +97,26 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if args.out:
         out: Path = args.out
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(asdict(config), sort_keys=False))
-        write_summary_json(out / "summary.json", summary, asdict(config), goodput,
+        (out / "config.yaml").write_text(config.to_yaml())
+        write_summary_json(out / "summary.json", summary, config.to_dict(), goodput,
                            {"flips": result.flips, "role_changes": len(result.role_changes),
                             "simulated_s": result.end_s, "sessions": asdict(result.sessions),
                             "instance_s_total": result.instance_s_total,
                             "migrations": result.migrations})
         write_requests_csv(out / "requests.csv", result.requests, experiment.slo)
         plots.plot_latency_cdfs(out / "latency_cdf.png", result.requests, experiment.slo,
-                                f"{config.policy} on {workload.name}")
+                                f"{config.policy.name} on {workload.name}")
         samples = result.samples
         plots.plot_instance_load(
             out / "instance_load.png", [s.time_s for s in samples],
             np.array([s.running_tokens for s in samples]),
             np.array([s.prefill_queue_tokens for s in samples]),
-            [[r.value for r in s.roles] for s in samples], f"{config.policy} on {workload.name}")
+            [[r.value for r in s.roles] for s in samples],
+            f"{config.policy.name} on {workload.name}")
         if goodput is not None:
-            plots.plot_attainment(out / "attainment_vs_rate.png", {config.policy: goodput},
-                                  f"{workload.name}, TTFT {config.ttft_slo_s:g}s, TPOT "
-                                  f"{config.tpot_slo_s:g}s")
+            plots.plot_attainment(out / "attainment_vs_rate.png", {config.policy.name: goodput},
+                                  f"{workload.name}, TTFT {config.slo.ttft_s:g}s, TPOT "
+                                  f"{config.slo.tpot_s:g}s")
         print(f"wrote {out}/: summary.json, requests.csv, config.yaml, latency_cdf.png, "
               f"instance_load.png" + (", attainment_vs_rate.png" if goodput else ""))
     return 0
@@ -208,8 +140,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-in-flight", type=int, default=256, help="[256]")
     p.add_argument("--timeout", type=float, default=0.0,
                    help="limit for the whole replay [duration + 120 s]")
-    p.add_argument("--ttft-slo", type=float, default=2.0)
-    p.add_argument("--tpot-slo", type=float, default=0.15)
+    slo = Config().slo
+    p.add_argument("--ttft-slo", type=float, default=slo.ttft_s, help=f"[{slo.ttft_s:g}]")
+    p.add_argument("--tpot-slo", type=float, default=slo.tpot_s, help=f"[{slo.tpot_s:g}]")
     p.add_argument("--out", type=Path, help="write summary.json, requests.csv and plots here")
     p.set_defaults(handler=_run_bench)
 
@@ -277,7 +210,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdserve", description="Serve LLMs with adaptive "
                                      "prefill/decode disaggregation; simulate policies on traces.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -287,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     _bench_parser(sub)
     add_plan_parser(sub)
     add_predictor_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
     except ValueError as err:

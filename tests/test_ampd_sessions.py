@@ -12,7 +12,7 @@ from conftest import make_perf
 from pdserve.cluster.topology import Topology
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicySetup
+from pdserve.policies.setup import PolicyConfig, PolicySetup
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request, blocks_for
 from pdserve.workload.sessions import AGENT_PROFILES, session_workload
@@ -31,8 +31,9 @@ def two_rounds(first_in: int = 1000, first_out: int = 50, new_in: int = 300,
 
 def run(policy_name: str, requests: list[Request], prefill: int = 1, decode: int = 1,
         perf=PERF, instances: int = 1) -> Simulator:
-    policy, count = build_policy(policy_name, PolicySetup(perf, SLO_, instances=instances,
-                                                          prefill=prefill, decode=decode))
+    policy, count = build_policy(PolicySetup(perf, SLO_, PolicyConfig(policy_name),
+                                             instances=instances, prefill=prefill,
+                                             decode=decode))
     sim = Simulator(policy, count, perf, topology=Topology.for_perf_models([perf] * count, 8))
     sim.result = sim.run(requests)  # type: ignore[attr-defined]
     return sim
@@ -202,8 +203,8 @@ def test_sessions_fast_advance_equals_step_by_step(policy: str) -> None:
     outcomes = []
     for span in (1, 1 << 20):
         workload = session_workload("agent:hotpotqa", 40, 4.0, seed=3)
-        policy_obj, count = build_policy(policy, PolicySetup(perf, SLO(0.3, 0.02),
-                                                             instances=4, prefill=2, decode=2))
+        policy_obj, count = build_policy(PolicySetup(perf, SLO(0.3, 0.02), PolicyConfig(policy),
+                                                     instances=4, prefill=2, decode=2))
         sim = Simulator(policy_obj, count, perf, SimSettings(chunk_size_tokens=512,
                                                              max_span_steps=span))
         result = sim.run(workload.requests())

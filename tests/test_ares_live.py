@@ -44,9 +44,11 @@ def complete(base: str, prompt: str, max_tokens: int, out: dict, key: str) -> No
 def test_ares_migrates_a_decode_mid_stream_with_identical_text(tmp_path) -> None:
     # rounds every 0.2 s: the long runs last a second or two on the tiny model, and a
     # single round at 1 s could fall before their forecasts arrive (no candidates)
-    with running_server(tmp_path, instances=3, policy="ares", prefill=1, decode=2,
-                        ares_predictor="noisy:mae=0", prefix_block_tokens=0,
-                        ares_interval_s=0.2, monitor_interval_s=0.1) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 3, "policy.name": "ares",
+                                   "cluster.prefill": 1, "cluster.decode": 2,
+                                   "policy.ares.forecast.predictor": "noisy:mae=0",
+                                   "instance.prefix_block_tokens": 0, "policy.ares.interval_s": 0.2,
+                                   "monitor.interval_s": 0.1}) as (base, driver):
         rebalancer = driver.scheduler.policy.rebalancer
         assert isinstance(rebalancer, AresRebalancer)
         out: dict = {}
@@ -80,9 +82,11 @@ def test_ares_migrates_a_decode_mid_stream_with_identical_text(tmp_path) -> None
 def test_serving_refuses_the_oracle_predictor() -> None:
     import pytest
 
-    from pdserve.server.launch import ServeConfig
+    from pdserve.config import serve_defaults
+    from pdserve.server.launch import check_serve
 
     with pytest.raises(ValueError, match="only the simulator"):
-        ServeConfig(policy="ares", ares_predictor="oracle")
+        check_serve(serve_defaults().with_values({"policy.name": "ares",
+                                                  "policy.ares.forecast.predictor": "oracle"}))
     with pytest.raises(ValueError, match="rebalancer"):
-        ServeConfig(rebalancer="sideways")
+        serve_defaults().with_values({"policy.rebalancer": "sideways"})

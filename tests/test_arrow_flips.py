@@ -13,7 +13,7 @@ from test_arrow import DP, IDLE, PD, PROMPT, D, P, decoding, make, queued, tick
 
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.instance.stats import InstanceStats
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.decode_router import ArrowDecodeRouter
@@ -179,8 +179,9 @@ def test_ttft_profile_covers_the_context_range_and_predicts_long_prompts():
 # ---- reasons, in a simulated run ----
 
 def test_every_arrow_flip_in_a_run_carries_its_reason_and_none_is_undone_at_once():
-    config = SimConfig(trace="mooncake-conv", policy="arrow", duration_s=600, rate_scale=3,
-                       ttft_slo_s=30, tpot_slo_s=0.1)
+    config = Config().with_values({"workload.trace": "mooncake-conv", "policy.name": "arrow",
+                                   "workload.duration_s": 600, "workload.rate_scale": 3,
+                                   "slo.ttft_s": 30, "slo.tpot_s": 0.1})
     result = Experiment.from_config(config).simulate()
     assert result.flips >= 10
     prefixes = ("alg1: ", "alg2: ", "monitor: ", "settle: ")

@@ -1,41 +1,194 @@
-"""Config validation and the `pdserve simulate` command."""
+"""The config tree (validation, dotted paths, YAML), its command-line flags, and the
+`pdserve simulate` command."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import re
 
 import pytest
 
-from pdserve.cli import main
-from pdserve.config import SimConfig
+from pdserve.cli import build_parser, main
+from pdserve.config import SERVE_DEFAULTS, Config, default_of, leaf_paths, serve_defaults
+from pdserve.config_flags import describe
 from pdserve.perf.fitted import PerfModel
+from pdserve.policies.flowkv.settings import ScoreWeights
+from pdserve.policies.presets import build_policy
+from pdserve.server.serve_cli import serve_config
+from pdserve.sim.runner import Experiment
 
 
 def test_unknown_field_is_named_with_a_suggestion():
-    with pytest.raises(ValueError, match="unknown field 'ttft_slo' \\(did you mean 'ttft_slo_s'"):
-        SimConfig.from_dict({"ttft_slo": 2})
+    with pytest.raises(ValueError, match="unknown config field 'ttft_slo' \\(did you mean "
+                                         "'slo.ttft_s'"):
+        Config().with_values({"ttft_slo": 2})
+    with pytest.raises(ValueError, match="unknown config field 'cluster.prefil' \\(did you "
+                                         "mean 'cluster.prefill'"):
+        Config().with_values({"cluster.prefil": 2})
+
+
+def test_unknown_nested_yaml_key_is_named_by_its_full_path(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("policy:\n  name: flowkv\n  flowkv:\n    scales:\n      sendng: 3\n")
+    with pytest.raises(ValueError, match=f"{path}: unknown config field "
+                       "'policy.flowkv.scales.sendng' \\(did you mean "
+                       "'policy.flowkv.scales.sending'"):
+        Config.from_yaml(path)
+    path.write_text("cluster:\n  prefill:\n    count: 2\n")
+    with pytest.raises(ValueError, match="'cluster.prefill' is a value, not a section"):
+        Config.from_yaml(path)
+    path.write_text("policy: static-pd\n")  # the flat form of old: policy is a section now
+    with pytest.raises(ValueError, match="config section 'policy' must be a mapping"):
+        Config.from_yaml(path)
 
 
 def test_wrong_type_and_bad_value_name_the_field():
-    with pytest.raises(ValueError, match="field 'prefill' must be int, got 'four'"):
-        SimConfig.from_dict({"prefill": "four"})
-    with pytest.raises(ValueError, match="'tpot_slo_s' must be positive"):
-        SimConfig.from_dict({"tpot_slo_s": 0})
-    with pytest.raises(ValueError, match="field 'goodput' must be bool"):
-        SimConfig.from_dict({"goodput": 1})
-    assert SimConfig.from_dict({"ttft_slo_s": 3}).ttft_slo_s == 3.0  # int is a fine float
+    with pytest.raises(ValueError, match="field 'cluster.prefill' must be int, got 'four'"):
+        Config().with_values({"cluster.prefill": "four"})
+    with pytest.raises(ValueError, match="'slo.tpot_s' must be positive"):
+        Config().with_values({"slo.tpot_s": 0})
+    with pytest.raises(ValueError, match="field 'goodput.search' must be bool"):
+        Config().with_values({"goodput.search": 1})
+    with pytest.raises(ValueError, match="config section 'policy.taichi': taichi watermark"):
+        Config().with_values({"policy.taichi.watermark": 2})
+    with pytest.raises(ValueError, match="'policy.taichi.seed' follows 'seed'"):
+        Config().with_values({"policy.taichi.seed": 3})
+    assert Config().with_values({"slo.ttft_s": 3}).slo.ttft_s == 3.0  # int is a fine float
+
+
+def test_values_set_by_path_by_section_and_by_object():
+    config = Config().with_values({"cluster.prefill": 2, "policy.ares": {"theta": 0.3},
+                                   "server.ray": {"address": "head:6379"}})
+    assert config.cluster.prefill == 2 and config.cluster.decode == 4
+    assert config.policy.ares.theta == 0.3 and config.policy.ares.interval_s == 1.0
+    assert config.server.ray is not None and config.server.ray.address == "head:6379"
+    assert config.with_values({"server.ray": None}).server.ray is None
+    again = Config().with_values({"policy": config.policy})
+    assert again.policy == config.policy
+    assert Config() == Config().with_values({})
 
 
 def test_yaml_config_composes_a_preset_with_another_router(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("policy: static-pd\nprefill_router: round-robin\nprefill: 2\ndecode: 6\n")
-    config = SimConfig.from_yaml(path)
-    assert (config.policy, config.prefill_router, config.prefill, config.decode) == \
-        ("static-pd", "round-robin", 2, 6)
+    path.write_text("policy:\n  name: static-pd\n  prefill_router: round-robin\n"
+                    "cluster:\n  prefill: 2\n  decode: 6\n")
+    config = Config.from_yaml(path)
+    assert (config.policy.name, config.policy.prefill_router, config.cluster.prefill,
+            config.cluster.decode) == ("static-pd", "round-robin", 2, 6)
     path.write_text("- a list\n")
     with pytest.raises(ValueError, match="must be a mapping"):
-        SimConfig.from_yaml(path)
+        Config.from_yaml(path)
+
+
+def test_a_flowkv_weight_and_scale_from_yaml_reach_the_built_policy(tmp_path):
+    path = tmp_path / "flowkv.yaml"
+    path.write_text(
+        "workload: {trace: synthetic, synthetic_requests: 5}\n"
+        "policy:\n  name: flowkv\n  flowkv:\n"
+        "    prefill_weights: {running: 0.2, waiting: 0.2, sending: 0.1, token_budget: 0.2,\n"
+        "                      kv: 0.05, compute: 0.2, bandwidth: 0.05}\n"
+        "    scales: {sending: 3}\n    low_prefill: 0.3\n"
+        "cluster: {prefill: 1, decode: 1}\n")
+    config = Config.from_yaml(path)
+    experiment = Experiment.from_config(config)
+    policy, count = build_policy(experiment.policy_setup())
+    settings = policy.prefill_router.context.settings  # type: ignore[attr-defined]
+    assert count == 2
+    assert settings.prefill_weights == ScoreWeights(0.2, 0.2, 0.0, 0.1, 0.2, 0.05, 0.2, 0.05)
+    assert settings.scales.sending == 3.0 and settings.low_prefill == 0.3
+    assert settings.decode_weights == Config().policy.flowkv.decode_weights
+    assert settings.prefix_block_tokens == 512  # the instances' (flowkv's: -1 -> 512)
+    assert experiment.simulate().requests
+
+
+def parser_of(command: str) -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
+NOT_CONFIG = {"help", "config", "out", "no_progress", "policy", "top", "processes", "instances",
+              "chunk_sizes", "d_chunk_sizes", "time_limit", "gpus", "verify"}
+
+
+@pytest.mark.parametrize("command", ["simulate", "serve", "plan"])
+def test_every_flag_sets_a_real_config_field_and_shows_the_trees_default(command):
+    paths = set(leaf_paths())
+    defaults = serve_defaults() if command == "serve" else Config()
+    checked = 0
+    for action in parser_of(command)._actions:
+        if action.dest in paths:
+            checked += 1
+            default = default_of(defaults, action.dest)
+            if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+                assert action.const is not default  # a switch sets the other value
+                continue
+            if action.nargs == "?":  # --ray [ADDRESS]
+                continue
+            shown = re.search(r"\[([^\[\]]*)\]$", action.help or "")
+            assert shown, f"{action.option_strings} shows no default"
+            text = shown.group(1).replace("%%", "%")
+            if command == "plan" and text.startswith("taichi: "):
+                text = text.removeprefix("taichi: ").split(", ampd: ")[0]
+            if text != describe(default) and not text.startswith(f"{describe(default)} ("):
+                # a sentinel's meaning, stated by the flag
+                assert default in ("", 0, -1, None), \
+                    f"{action.option_strings}: shows [{text}], the tree has {default!r}"
+        else:
+            assert action.dest in NOT_CONFIG, f"{action.option_strings} sets {action.dest!r}"
+    assert checked >= {"simulate": 50, "serve": 45, "plan": 11}[command]
+
+
+def test_old_flag_names_set_the_same_values():
+    args = parser_of("simulate").parse_args([
+        "--ttft-slo", "3", "--prefill", "2", "--taichi-chunk-p", "1024", "--ares-theta", "0.2",
+        "--chunk-size", "512", "--perf-model", "p.json", "--no-prefix-aware-routing",
+        "--goodput", "--instances", "2xl20:prefill,2xh20:decode", "--duration", "30"])
+    from pdserve.config_flags import config_from_args
+
+    config = config_from_args(args)
+    assert (config.slo.ttft_s, config.cluster.prefill, config.policy.taichi.chunk_p_tokens,
+            config.policy.ares.theta, config.instance.chunk_size_tokens, config.perf.profile,
+            config.policy.flowkv.prefix_aware_routing, config.goodput.search,
+            config.cluster.instances, config.workload.duration_s) == (
+        3.0, 2, 1024, 0.2, 512, "p.json", False, True, "2xl20:prefill,2xh20:decode", 30.0)
+    assert config_from_args(parser_of("simulate").parse_args([])) == Config()
+
+
+def test_serve_arguments_apply_the_serve_defaults(tmp_path, monkeypatch):
+    monkeypatch.delenv("PDSERVE_API_KEY", raising=False)
+    serve = parser_of("serve")
+    config = serve_config(serve.parse_args([]))
+    assert config == serve_defaults() == Config().with_values(SERVE_DEFAULTS)
+    assert (config.instance.chunk_size_tokens, config.instance.max_batch_size,
+            config.slo.tpot_s, config.monitor.interval_s, config.policy.name,
+            config.cluster.instances, config.instance.prefix_block_tokens) == (
+        512, 64, 0.2, 0.5, "colocated", 4, 16)
+    assert config.slo.ttft_s == Config().slo.ttft_s  # where the worlds agree: the tree's
+    six = serve_config(serve.parse_args(["--instances", "6", "--model", "tiny"]))
+    assert (six.cluster.prefill, six.cluster.decode, six.engine.weights) == (3, 3, "tiny")
+    assert six.perf.model == Config().perf.model  # the served weights are not the spec
+    one = serve_config(serve.parse_args(["--instances", "4", "--prefill", "1"]))
+    assert (one.cluster.prefill, one.cluster.decode) == (1, 3)
+    assert serve_config(serve.parse_args(["--ray-cpus-per-worker", "2"])).server.ray is None
+    ray = serve_config(serve.parse_args(["--ray", "--ray-cpus-per-worker", "2"])).server.ray
+    assert ray is not None and (ray.address, ray.cpus_per_worker) == ("", 2.0)
+    path = tmp_path / "serve.yaml"
+    path.write_text("cluster: {instances: 2}\nslo: {tpot_s: 0.3}\nengine: {kv_blocks: 64}\n")
+    filed = serve_config(serve.parse_args(["--config", str(path), "--tpot-slo", "0.25"]))
+    assert (filed.cluster.prefill, filed.cluster.decode, filed.slo.tpot_s,
+            filed.engine.kv_blocks, filed.instance.chunk_size_tokens) == (1, 1, 0.25, 64, 512)
+
+
+def test_plan_starts_each_planner_from_its_own_config():
+    from pdserve.config_flags import config_from_args
+    from pdserve.planning.ampd import plan_defaults, plan_inputs
+
+    args = parser_of("plan").parse_args(["--policy", "ampd", "--gpus", "8", "--ttft-slo", "1"])
+    inputs = plan_inputs(config_from_args(args, plan_defaults()), args.gpus)
+    assert (inputs.model, inputs.gpu, inputs.workload, inputs.slo.ttft_s, inputs.slo.tpot_s,
+            inputs.sessions) == ("qwen3-32b", "h20", "agent:toolbench", 1.0, 0.04, 150)
 
 
 def test_simulate_writes_report_json_csv_and_plots(tmp_path, capsys):
@@ -47,7 +200,7 @@ def test_simulate_writes_report_json_csv_and_plots(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "SLO attainment" in printed and "goodput: rate scale" in printed
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["config"]["ttft_slo_s"] == 3.0
+    assert summary["config"]["slo"]["ttft_s"] == 3.0
     assert summary["goodput"]["rate_scale"] > 0
     rows = list(csv.DictReader((out / "requests.csv").open()))
     assert len(rows) == summary["summary"]["requests"] > 50
@@ -55,21 +208,45 @@ def test_simulate_writes_report_json_csv_and_plots(tmp_path, capsys):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_written_config_yaml_reproduces_the_run(tmp_path, capsys):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["simulate", "--trace", "synthetic", "--synthetic-requests", "60",
+                 "--synthetic-lengths", "lognormal:800:100:1.0", "--seed", "5", "--policy",
+                 "arrow", "--prefill", "1", "--decode", "2", "--rebalancer", "ares",
+                 "--ares-predictor", "oracle", "--chunk-size", "1024", "--tpot-slo", "0.05",
+                 "--no-progress", "--out", str(first)]) == 0
+    written = Config.from_yaml(first / "config.yaml")
+    assert (written.policy.name, written.policy.rebalancer, written.seed,
+            written.instance.chunk_size_tokens) == ("arrow", "ares", 5, 1024)
+    assert written.to_dict() == json.loads((first / "summary.json").read_text())["config"]
+    assert main(["simulate", "--config", str(first / "config.yaml"), "--no-progress",
+                 "--out", str(second)]) == 0
+    assert (second / "config.yaml").read_text() == (first / "config.yaml").read_text()
+    assert (second / "requests.csv").read_bytes() == (first / "requests.csv").read_bytes()
+    one, two = (json.loads((d / "summary.json").read_text()) for d in (first, second))
+    assert one == two
+
+
 def test_simulate_with_a_config_file_and_flag_override(tmp_path, capsys):
     path = tmp_path / "run.yaml"
-    path.write_text("trace: synthetic\nsynthetic_requests: 50\npolicy: colocated\n"
-                    "instances: 2\n")
+    path.write_text("workload:\n  trace: synthetic\n  synthetic_requests: 50\n"
+                    "policy:\n  name: colocated\ncluster:\n  instances: 2\n")
     assert main(["simulate", "--config", str(path), "--instances", "3", "--no-progress"]) == 0
     assert "requests 50  completed 50" in capsys.readouterr().out
 
 
-def test_bad_input_exits_2_with_a_clear_message(capsys):
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     assert main(["simulate", "--trace", "nope", "--no-progress"]) == 2
     assert "pdserve: error: trace 'nope' is neither" in capsys.readouterr().err
     assert main(["simulate", "--model", "gpt-9", "--no-progress"]) == 2
     assert "unknown model 'gpt-9'" in capsys.readouterr().err
     assert main(["simulate", "--trace", "azure-conv", "--start", "99999", "--no-progress"]) == 2
     assert "no requests in the chosen window" in capsys.readouterr().err
+    path = tmp_path / "bad.yaml"
+    path.write_text("sim:\n  control_latency: 0.02\n")
+    assert main(["simulate", "--config", str(path), "--no-progress"]) == 2
+    assert ("unknown config field 'sim.control_latency' (did you mean "
+            "'sim.control_latency_s'?)") in capsys.readouterr().err
 
 
 def test_profile_writes_a_model_the_simulator_loads(tmp_path, capsys):

@@ -107,8 +107,8 @@ def test_live_arrivals_during_a_prefill_go_to_the_other_worker(tmp_path):
     before A arrived is in the pipe ahead of A's; B, sent while A prefills, must be routed
     to the other worker."""
     long_prompt = "the quick brown fox jumps over the lazy dog " * 50
-    with running_server(tmp_path, instances=2, policy="colocated",
-                        chunk_size_tokens=512) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "colocated",
+                                   "instance.chunk_size_tokens": 512}) as (base, driver):
         clients = [threading.Thread(target=stream, args=(base, "Hello", 400))
                    for _ in range(2)]
         for client in clients:

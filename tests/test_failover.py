@@ -176,7 +176,7 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_add(model_and_tokenizer
 
 
 def test_the_last_prefill_instance_failing_makes_a_live_one_take_both_phases():
-    policy, count = build_policy("arrow", setup(instances=2, prefill=1, decode=1))
+    policy, count = build_policy(setup("arrow", instances=2, prefill=1, decode=1))
     scheduler = GlobalScheduler(policy, count)
     view = view_of(IDLE, IDLE)
     changes = scheduler.handle(InstanceFailed(0), view)
@@ -193,7 +193,7 @@ def test_the_last_prefill_instance_failing_makes_a_live_one_take_both_phases():
 
 
 def test_a_busy_decode_instance_moves_through_the_transitional_role():
-    policy, count = build_policy("static-pd", setup(instances=3, prefill=1, decode=2))
+    policy, count = build_policy(setup("static-pd", instances=3, prefill=1, decode=2))
     scheduler = GlobalScheduler(policy, count)
     view = view_of(IDLE, replace(IDLE, running_decodes=3, running_tokens=900),
                    replace(IDLE, running_decodes=1, running_tokens=50))

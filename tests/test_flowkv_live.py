@@ -11,8 +11,8 @@ from pdserve.types import Role
 
 
 def test_flowkv_serves_live_with_the_same_greedy_text(tmp_path):
-    with running_server(tmp_path, instances=2, policy="flowkv", prefill=1,
-                        decode=1) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "flowkv",
+                                   "cluster.prefill": 1, "cluster.decode": 1}) as (base, driver):
         assert driver.scheduler.roles == [Role.PREFILL, Role.DECODE]
         assert driver.workers.settings.phase_priority == "prefill-first"
         assert driver.workers.settings.prefix_block_tokens == 16

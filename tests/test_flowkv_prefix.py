@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pdserve.cluster.hardware import parse_instances
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.prefix_cache import PrefixCache, chain_hashes, usable_hit_blocks
 from pdserve.perf.specs import gpu_spec
@@ -81,20 +81,22 @@ def test_chain_hashes_depend_on_everything_before():
     assert chain_hashes(list(range(40)), 16) == a
 
 
-def mooncake(policy: str, **fields) -> Experiment:
-    config = SimConfig(policy=policy, trace="mooncake-conv", max_requests=600, rate_scale=0.5,
-                       prefill=2, decode=2, model="llama-3.1-8b", gpu="a100", **fields)
+def mooncake(policy: str, values: dict[str, object] | None = None) -> Experiment:
+    config = Config().with_values({
+        "policy.name": policy, "workload.trace": "mooncake-conv", "workload.max_requests": 600,
+        "workload.rate_scale": 0.5, "cluster.prefill": 2, "cluster.decode": 2,
+        "perf.model": "llama-3.1-8b", "perf.gpu": "a100", **(values or {})})
     return Experiment.from_config(config)
 
 
 def test_prefix_aware_routing_finds_more_cache_hits_on_mooncake():
     hits = {}
     for aware in (True, False):
-        result = mooncake("flowkv", prefix_aware_routing=aware).simulate()
+        result = mooncake("flowkv", {"policy.flowkv.prefix_aware_routing": aware}).simulate()
         assert all(r.finished for r in result.requests)
         hits[aware] = result.prefix_hit_tokens
     assert hits[True] > hits[False] > 0
-    no_cache = mooncake("flowkv", prefix_block_tokens=0).simulate()
+    no_cache = mooncake("flowkv", {"instance.prefix_block_tokens": 0}).simulate()
     assert no_cache.prefix_hit_tokens == 0
 
 
@@ -106,8 +108,8 @@ def test_gpu_groups_give_each_instance_its_own_model_memory_and_node():
         parse_instances("4l20:prefill")
     with pytest.raises(ValueError, match="unknown role"):
         parse_instances("4xl20:prefil")
-    layout = heterogeneous_layout(SimConfig(instances="4xl20:prefill,4xh20:decode",
-                                            model="llama-3.1-8b"))
+    layout = heterogeneous_layout(Config().with_values({
+        "cluster.instances": "4xl20:prefill,4xh20:decode", "perf.model": "llama-3.1-8b"}))
     l20, h20 = layout.perfs[0], layout.perfs[4]
     assert l20.kv_capacity_tokens < h20.kv_capacity_tokens  # 48 GB vs 96 GB
     assert l20.decode.step_s(32, 32_000) > h20.decode.step_s(32, 32_000)  # 864 vs 4000 GB/s
@@ -115,16 +117,21 @@ def test_gpu_groups_give_each_instance_its_own_model_memory_and_node():
     assert layout.topology.intra_node[0].bytes_per_s < layout.topology.intra_node[4].bytes_per_s
     assert gpu_spec("l20").memory_gb == 48 and "L20" in gpu_spec("l20").source
     with pytest.raises(ValueError, match="reserve instances need policy flowkv"):
-        Experiment.from_config(SimConfig(instances="1xl20:prefill,1xh20:decode,1xh20:reserve",
-                                         policy="static-pd", trace="synthetic",
-                                         synthetic_requests=2)).simulate()
+        Experiment.from_config(Config().with_values({
+            "cluster.instances": "1xl20:prefill,1xh20:decode,1xh20:reserve",
+            "policy.name": "static-pd", "workload.trace": "synthetic",
+            "workload.synthetic_requests": 2})).simulate()
 
 
 def test_flowkv_scales_up_from_its_reserve_under_overload():
-    config = SimConfig(policy="flowkv", trace="synthetic", synthetic_requests=400,
-                       synthetic_rate_rps=6.0, synthetic_lengths="fixed:4000:200",
-                       prefill=1, decode=1, reserve=2, model="llama-3.1-8b", gpu="a100",
-                       instance_startup_s=7.0)
+    config = Config().with_values({"policy.name": "flowkv", "workload.trace": "synthetic",
+                                   "workload.synthetic_requests": 400,
+                                   "workload.synthetic_rate_rps": 6.0,
+                                   "workload.synthetic_lengths": "fixed:4000:200",
+                                   "cluster.prefill": 1, "cluster.decode": 1,
+                                   "cluster.reserve": 2,
+                                   "perf.model": "llama-3.1-8b", "perf.gpu": "a100",
+                                   "sim.instance_startup_s": 7.0})
     result = Experiment.from_config(config).simulate()
     ups = [c for c in result.role_changes if "scale up" in c.reason]
     assert ups and all(c.instance_id in (2, 3) for c in ups)

@@ -21,8 +21,10 @@ EAGER = FlowKVSettings(low_prefill=0.02, low_decode=0.02, high_prefill=0.05,
 
 
 def test_reserve_worker_starts_on_scale_up_serves_and_stops_when_drained(tmp_path):
-    with running_server(tmp_path, policy="flowkv", prefill=1, decode=1, reserve=1,
-                        flowkv=EAGER, monitor_interval_s=0.1) as (base, driver):
+    with running_server(tmp_path, {
+            "policy.name": "flowkv", "cluster.prefill": 1, "cluster.decode": 1,
+            "cluster.reserve": 1, "policy.flowkv": EAGER, "monitor.interval_s": 0.1
+    }) as (base, driver):
         workers = driver.workers
         assert driver.scheduler.roles == [Role.PREFILL, Role.DECODE, Role.RESERVE]
         assert workers.states[2] is WorkerState.STOPPED  # never started

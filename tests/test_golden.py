@@ -106,8 +106,8 @@ CASES: dict[str, list[str]] = {
                                   "static-pd", "--prefill", "1", "--decode", "1",
                                   "--goodput", "--goodput-target", "0.8"],
 }
-_LATENCY = {"static-pd-goodput-latency": {"control_latency_s": 0.02,
-                                          "control_latency_p90_s": 0.05}}
+_LATENCY = {"static-pd-goodput-latency": "sim:\n  control_latency_s: 0.02\n"
+                                          "  control_latency_p90_s: 0.05\n"}
 
 
 def command(name: str) -> list[str]:
@@ -124,7 +124,7 @@ def run_case(name: str, out: Path) -> dict[str, object]:
     if name in _LATENCY:  # fields without a flag come from a config file
         out.mkdir(parents=True)
         config = out / "latency.yaml"
-        config.write_text("".join(f"{k}: {v}\n" for k, v in _LATENCY[name].items()))
+        config.write_text(_LATENCY[name])
         args += ["--config", str(config)]
     assert main(args) == 0
     document = json.loads((out / "summary.json").read_text())

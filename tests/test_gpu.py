@@ -74,8 +74,10 @@ def test_served_1p1d_on_one_gpu_gives_the_single_engine_text(tmp_path):
     reference.run([], [(0, len(ids))])
     while not reference.sequences[0].finish_reason:
         reference.run([0], [])
-    with running_server(tmp_path, instances=2, policy="static-pd", prefill=1, decode=1,
-                        device="cuda", dtype="float32") as (base, driver):
+    with running_server(tmp_path, {
+            "cluster.instances": 2, "policy.name": "static-pd", "cluster.prefill": 1,
+            "cluster.decode": 1, "engine.device": "cuda", "engine.dtype": "float32"
+    }) as (base, driver):
         assert driver.scheduler.roles == [Role.PREFILL, Role.DECODE]  # every request moves
         response = httpx.post(f"{base}/v1/completions", timeout=120, json={
             "model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0})

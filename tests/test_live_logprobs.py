@@ -28,8 +28,8 @@ def single_instance(prompt_ids: list[int]) -> list:
 
 
 def test_driver_emits_each_tokens_logprob_before_its_text(tmp_path):
-    with running_server(tmp_path, instances=2, policy="static-pd", prefill=1,
-                        decode=1) as (_, driver):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "static-pd",
+                                   "cluster.prefill": 1, "cluster.decode": 1}) as (_, driver):
         prompt_ids = driver.tokenizer.encode(PROMPT)
 
         async def collect() -> list[tuple[str, object]]:

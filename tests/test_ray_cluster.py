@@ -53,9 +53,11 @@ def server(cluster, tmp_path_factory):
                            namespace="pdserve-test")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(EXIT_TOKEN_ENV, str(FAULT_TOKEN))  # a crash on that token (never output)
-        with running_server(tmp_path_factory.mktemp("ray"), instances=3, policy="static-pd",
-                            prefill=1, decode=2, kv_blocks=256, ray=settings,
-                            port=quiet_port()) as (base, driver):
+        with running_server(tmp_path_factory.mktemp("ray"), {
+                "cluster.instances": 3, "policy.name": "static-pd", "cluster.prefill": 1,
+                "cluster.decode": 2, "engine.kv_blocks": 256, "server.ray": settings,
+                "server.port": quiet_port()
+        }) as (base, driver):
             yield base, driver
 
 

@@ -35,8 +35,10 @@ def listening_addresses(port: int) -> set[str]:
 
 def test_a_local_ray_instance_on_loopback_serves_and_stops_with_the_server(tmp_path):
     assert not ray.is_initialized()
-    with running_server(tmp_path, instances=2, policy="static-pd", prefill=1, decode=1,
-                        kv_blocks=128, ray=RaySettings(), port=quiet_port()) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "static-pd",
+                                   "cluster.prefill": 1, "cluster.decode": 1,
+                                   "engine.kv_blocks": 128, "server.ray": RaySettings(),
+                                   "server.port": quiet_port()}) as (base, driver):
         assert ray.is_initialized() and driver.workers.session.owned
         assert {node["NodeManagerAddress"] for node in ray.nodes()} == {LOOPBACK}
         assert ray.cluster_resources()["CPU"] == 2  # explicit: one per worker

@@ -24,7 +24,7 @@ from pdserve.live.ray_channel import (
 )
 from pdserve.live.ray_cluster import LOOPBACK, RaySettings
 from pdserve.live.ray_kv import KVServer, tcp_pool
-from pdserve.server.serve_cli import add_serve_parser
+from pdserve.server.serve_cli import add_serve_parser, serve_config
 
 KEY = b"k" * 32
 
@@ -128,8 +128,10 @@ def test_ray_settings_errors_name_the_field():
 def test_the_ray_option_takes_an_optional_address():
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers())
-    assert parser.parse_args(["serve"]).ray is None
-    assert parser.parse_args(["serve", "--ray"]).ray == ""
-    args = parser.parse_args(["serve", "--ray", "10.0.0.5:6379", "--ray-kv-transport",
-                              "object-store"])
-    assert args.ray == "10.0.0.5:6379" and args.ray_kv_transport == "object-store"
+    assert serve_config(parser.parse_args(["serve"])).server.ray is None
+    local = serve_config(parser.parse_args(["serve", "--ray"])).server.ray
+    assert local is not None and local.address == ""
+    ray = serve_config(parser.parse_args(["serve", "--ray", "10.0.0.5:6379",
+                                          "--ray-kv-transport", "object-store"])).server.ray
+    assert ray is not None
+    assert ray.address == "10.0.0.5:6379" and ray.kv_transport == "object-store"

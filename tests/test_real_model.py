@@ -92,8 +92,9 @@ def test_chat_template_renders_as_transformers_does(reference, ours):
 def test_served_through_a_prefill_to_decode_hand_off(tmp_path, reference, ours):
     ref_model, ref_tokenizer = reference
     _, tokenizer, _ = ours
-    with running_server(tmp_path, model="", instances=2, policy="static-pd", prefill=1,
-                        decode=1, kv_blocks=64) as (base, _driver):
+    with running_server(tmp_path, {"engine.weights": "", "cluster.instances": 2,
+                                   "policy.name": "static-pd", "cluster.prefill": 1,
+                                   "cluster.decode": 1, "engine.kv_blocks": 64}) as (base, _driver):
         card = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
         assert card["id"] == DEFAULT_MODEL and card["chat_template"] == "gguf metadata"
         chat = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={

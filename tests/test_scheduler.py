@@ -19,7 +19,7 @@ from pdserve.policies.min_load import (
 )
 from pdserve.policies.presets import build_policy
 from pdserve.policies.round_robin import RoundRobinPrefillRouter
-from pdserve.policies.setup import PolicySetup
+from pdserve.policies.setup import PolicyConfig, PolicySetup
 from pdserve.policies.static_roles import StaticRoles
 from pdserve.types import SLO, Request, Role
 
@@ -29,8 +29,9 @@ IDLE = InstanceStats(instance_id=0, prefill_queue_len=0, prefill_queue_tokens=0,
                      preemptions_total=0, decode_steps_total=0, decode_busy_s_total=0.0)
 
 
-def setup(**changes) -> PolicySetup:
-    return PolicySetup(make_perf(), SLO(2.0, 0.15), **changes)
+def setup(policy: str | PolicyConfig, **changes) -> PolicySetup:
+    section = PolicyConfig(policy) if isinstance(policy, str) else policy
+    return PolicySetup(make_perf(), SLO(2.0, 0.15), section, **changes)
 
 
 def view_of(*loads: InstanceStats) -> ClusterView:
@@ -38,7 +39,7 @@ def view_of(*loads: InstanceStats) -> ClusterView:
 
 
 def test_scheduler_knows_no_clock_and_keeps_roles():
-    policy, count = build_policy("static-pd", setup(prefill=2, decode=3))
+    policy, count = build_policy(setup("static-pd", prefill=2, decode=3))
     scheduler = GlobalScheduler(policy, count)
     assert scheduler.roles == [Role.PREFILL] * 2 + [Role.DECODE] * 3
     view = view_of(*[IDLE] * 5)
@@ -97,7 +98,7 @@ def test_role_changes_become_actions_once():
 
 
 def test_oversized_request_and_no_capacity_are_rejected_with_a_reason():
-    policy, count = build_policy("colocated", setup(instances=2))
+    policy, count = build_policy(setup("colocated", instances=2))
     scheduler = GlobalScheduler(policy, count)
     view = view_of(IDLE, IDLE)  # 1000 blocks = 16,000 tokens
     [action] = scheduler.handle(Arrival(Request(0, 0.0, 15_000, 2_000)), view)
@@ -114,9 +115,9 @@ def test_static_roles_validate_counts_and_presets_validate_names():
     with pytest.raises(ValueError, match="at least one prefill and one decode"):
         StaticRoles(0, 3)
     with pytest.raises(ValueError, match="unknown policy 'magic'"):
-        build_policy("magic", setup())
+        build_policy(setup("magic"))
     with pytest.raises(ValueError, match="unknown prefill router 'fastest'"):
-        build_policy("static-pd", setup(prefill_router="fastest"))
+        build_policy(setup(PolicyConfig("static-pd", prefill_router="fastest")))
 
 
 def test_mean_token_interval_from_two_snapshots():

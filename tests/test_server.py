@@ -20,8 +20,10 @@ PROMPT = "The quick brown fox"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """1 prefill + 1 decode worker: every multi-token request crosses a KV hand-off."""
-    with running_server(tmp_path_factory.mktemp("server"), instances=2, policy="static-pd",
-                        prefill=1, decode=1) as (base, driver):
+    with running_server(tmp_path_factory.mktemp("server"), {"cluster.instances": 2,
+                                                            "policy.name": "static-pd",
+                                                            "cluster.prefill": 1,
+                                                            "cluster.decode": 1}) as (base, driver):
         yield base, driver
 
 

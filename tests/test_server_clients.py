@@ -22,8 +22,10 @@ TOKENIZER = TextTokenizer.shipped()
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """1 prefill + 1 decode worker (every choice crosses a KV hand-off), a short context."""
-    with running_server(tmp_path_factory.mktemp("clients"), instances=2, policy="static-pd",
-                        prefill=1, decode=1, max_model_len=CONTEXT) as (base, driver):
+    with running_server(tmp_path_factory.mktemp("clients"), {
+            "cluster.instances": 2, "policy.name": "static-pd", "cluster.prefill": 1,
+            "cluster.decode": 1, "server.max_model_len": CONTEXT
+    }) as (base, driver):
         yield base, driver
 
 

@@ -84,7 +84,8 @@ def test_a_request_that_breaks_the_engine_fails_alone_and_workers_stay_up(
     expected = tokenizer.decode(ids[len(tokenizer.encode(PROMPT)):])
     monkeypatch.setenv(RAISE_TOKEN_ENV, str(FAULT_TOKEN))
     # one worker: the poison's prefill shares a batch with the neighbour's decodes
-    with running_server(tmp_path, instances=1, policy="colocated") as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 1,
+                                   "policy.name": "colocated"}) as (base, driver):
         before = pids(driver)
         started, out = threading.Event(), {}
         neighbour = threading.Thread(target=stream_text, args=(base, 120, started, out))
@@ -119,7 +120,8 @@ def test_a_request_that_breaks_the_engine_fails_alone_and_workers_stay_up(
 def test_a_request_that_crashes_its_worker_is_not_retried_and_the_worker_restarts(
         tmp_path, monkeypatch):
     monkeypatch.setenv(EXIT_TOKEN_ENV, str(FAULT_TOKEN))
-    with running_server(tmp_path, instances=2, policy="colocated") as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2,
+                                   "policy.name": "colocated"}) as (base, driver):
         before = pids(driver)
         crash = complete(base, [5, 17, FAULT_TOKEN, 42])
         assert crash.status_code == 500
@@ -137,7 +139,8 @@ def test_a_request_that_crashes_its_worker_is_not_retried_and_the_worker_restart
 
 
 def test_a_killed_worker_is_restarted_and_takes_requests_again(tmp_path):
-    with running_server(tmp_path, instances=1, policy="colocated") as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 1,
+                                   "policy.name": "colocated"}) as (base, driver):
         old = driver.workers.pid(0)
         kill_worker(driver, 0)
         wait_for(lambda: driver.failed == {0}, 10)
@@ -157,8 +160,8 @@ def test_a_killed_worker_is_restarted_and_takes_requests_again(tmp_path):
 
 def test_with_the_last_prefill_worker_dead_the_cluster_still_serves(tmp_path, monkeypatch):
     monkeypatch.setenv("PDSERVE_STEP_LOG", str(tmp_path / "logs"))  # the role log, checked last
-    with running_server(tmp_path, instances=2, policy="arrow", prefill=1,
-                        decode=1) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "arrow",
+                                   "cluster.prefill": 1, "cluster.decode": 1}) as (base, driver):
         # first, healthy: metrics are typed, and an idle worker's freed KV shows
         assert complete(base, PROMPT, 8).status_code == 200
         wait_for(lambda: all(s.used_blocks == 0 for s in driver.view.instances), 10)
@@ -213,8 +216,8 @@ def test_failover_under_concurrent_streams_loses_and_repeats_nothing(tmp_path, v
             thread.start()
         return outs, started, threads
 
-    with running_server(tmp_path, instances=3, policy="static-pd", prefill=1,
-                        decode=2) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 3, "policy.name": "static-pd",
+                                   "cluster.prefill": 1, "cluster.decode": 2}) as (base, driver):
         outs, _, threads = load()
         for thread in threads:
             thread.join(120)

@@ -22,8 +22,10 @@ EXAMPLES_PER_MODE = 60
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("fuzz"), instances=2, policy="static-pd",
-                        prefill=1, decode=1, max_model_len=64) as (base, driver):
+    with running_server(tmp_path_factory.mktemp("fuzz"), {
+            "cluster.instances": 2, "policy.name": "static-pd", "cluster.prefill": 1,
+            "cluster.decode": 1, "server.max_model_len": 64
+    }) as (base, driver):
         yield base, driver
 
 

@@ -40,7 +40,8 @@ def test_guidellm_streams_every_request_successfully(tmp_path, route):
     if shutil.which("guidellm") is None:
         pytest.skip("guidellm is not installed (pip install 'pdserve[clients]')")
     processor = write_shipped_hf_tokenizer(tmp_path)
-    with running_server(tmp_path, instances=2, policy="colocated") as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2,
+                                   "policy.name": "colocated"}) as (base, driver):
         pids = [driver.workers.pid(i) for i in range(2)]
         benchmark = run_guidellm(base, route, processor, tmp_path / "guidellm.json")
         assert [driver.workers.pid(i) for i in range(2)] == pids

@@ -13,8 +13,8 @@ from test_server_faults import stream_text
 
 
 def test_migration_mid_stream_loses_and_duplicates_nothing(tmp_path):
-    with running_server(tmp_path, instances=3, policy="static-pd", prefill=1,
-                        decode=2) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 3, "policy.name": "static-pd",
+                                   "cluster.prefill": 1, "cluster.decode": 2}) as (base, driver):
         started, out = threading.Event(), {}
         client = threading.Thread(target=stream_text, args=(base, 200, started, out))
         client.start()

@@ -13,9 +13,10 @@ from fastapi.testclient import TestClient
 from server_helpers import running_server
 
 from pdserve.cli import main
+from pdserve.config import serve_defaults
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.profile import QUICK_GRID, fit_grid_to_context, profile_engine
-from pdserve.server.launch import ServeConfig, build_app
+from pdserve.server.launch import build_app
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -38,12 +39,12 @@ def test_profile_fits_a_checkpoint_with_a_short_context(tmp_path):
         fit_grid_to_context(QUICK_GRID, 10)
 
 
-def offline_app(tmp_path, **options):
+def offline_app(tmp_path, values: dict[str, object]):
     """The app without its workers started (no lifespan): routes up to admission."""
     perf = tmp_path / "perf.json"
     make_perf().save(perf)
-    options.setdefault("model", "tiny")
-    return build_app(ServeConfig(perf_model=str(perf), instances=1, **options))
+    return build_app(serve_defaults().with_values({
+        "engine.weights": "tiny", "perf.profile": str(perf), "cluster.instances": 1, **values}))
 
 
 def test_served_name_context_cap_and_chat_template(tmp_path):
@@ -53,8 +54,9 @@ def test_served_name_context_cap_and_chat_template(tmp_path):
         "{{ raise_exception('this template takes no system message') }}{% endif %}"
         "[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]"
         "{% endif %}")
-    client = TestClient(offline_app(tmp_path, served_model_name="my-model", max_model_len=100,
-                                    chat_template=str(template)))
+    client = TestClient(offline_app(tmp_path, {"server.served_model_name": "my-model",
+                                               "server.max_model_len": 100,
+                                               "server.chat_template": str(template)}))
     card = client.get("/v1/models").json()["data"][0]
     assert card["id"] == "my-model" and card["max_model_len"] == 100
     unknown = client.post("/v1/chat/completions", json={"model": "tiny", "messages": USER})
@@ -73,9 +75,9 @@ def test_served_name_context_cap_and_chat_template(tmp_path):
 
 def test_bad_serve_options_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="exceeds the model's context of 8192"):
-        offline_app(tmp_path, max_model_len=10_000)
+        offline_app(tmp_path, {"server.max_model_len": 10_000})
     with pytest.raises(ValueError, match="no such file"):
-        offline_app(tmp_path, chat_template=str(tmp_path / "missing.jinja"))
+        offline_app(tmp_path, {"server.chat_template": str(tmp_path / "missing.jinja")})
     with pytest.raises(ValueError, match="does not parse"):
         ChatTemplate("{% for %}")
 
@@ -91,17 +93,18 @@ def test_serve_takes_the_api_key_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(kwargs))
     assert main(["serve", "--served-model-name", "m", "--max-model-len", "512",
                  "--max-body-bytes", "1000", "--log-level", "warning"]) == 0
-    config = seen["config"]
-    assert (config.api_key, config.served_model_name, config.max_model_len,
-            config.max_body_bytes) == ("from-env", "m", 512, 1000)
+    server = seen["config"].server
+    assert (server.api_key, server.served_model_name, server.max_model_len,
+            server.max_body_bytes) == ("from-env", "m", 512, 1000)
     assert seen["log_level"] == "warning"
     assert main(["serve", "--api-key", "flag"]) == 0
-    assert seen["config"].api_key == "flag"
+    assert seen["config"].server.api_key == "flag"
 
 
 def test_start_up_logs_each_step(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="pdserve")
-    with running_server(tmp_path, instances=2, policy="static-pd", prefill=1, decode=1):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "static-pd",
+                                   "cluster.prefill": 1, "cluster.decode": 1}):
         pass
     text = caplog.text
     assert "model tiny (tiny): context 8192 tokens, vocabulary 2048, chat template generic" in text
@@ -137,12 +140,13 @@ def test_the_start_up_profile_is_measured_once_per_machine_and_model(tmp_path, m
 
 def test_auto_kv_blocks_fill_the_cache_memory_in_the_engines_dtype():
     """--kv-cache-mib holds twice the blocks of bfloat16 KV as of float32 KV."""
+    from pdserve.config import EngineConfig
     from pdserve.engine.checkpoint import resolve_model
-    from pdserve.server.launch import MAX_AUTO_KV_BLOCKS, ServeConfig, kv_blocks_for
+    from pdserve.server.launch import MAX_AUTO_KV_BLOCKS, kv_blocks_for
 
     model = resolve_model("tiny").config
-    config = ServeConfig(model="tiny", kv_cache_mib=4)
-    float32 = kv_blocks_for(config, model)
+    engine = EngineConfig(weights="tiny", kv_cache_mib=4)
+    float32 = kv_blocks_for(engine, model)
     assert float32 == (4 << 20) // (model.kv_bytes_per_token * 16) < MAX_AUTO_KV_BLOCKS // 2
-    assert kv_blocks_for(config, model, element_bytes=2) == 2 * float32
-    assert kv_blocks_for(ServeConfig(model="tiny", kv_blocks=100), model, 2) == 100
+    assert kv_blocks_for(engine, model, element_bytes=2) == 2 * float32
+    assert kv_blocks_for(EngineConfig(weights="tiny", kv_blocks=100), model, 2) == 100

@@ -20,8 +20,9 @@ USER = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """Two colocated workers, the issue's poison target."""
-    with running_server(tmp_path_factory.mktemp("validation"), instances=2,
-                        policy="colocated") as (base, driver):
+    with running_server(tmp_path_factory.mktemp("validation"), {
+            "cluster.instances": 2, "policy.name": "colocated"
+    }) as (base, driver):
         pids = [driver.workers.pid(i) for i in range(2)]
         yield base, driver, pids
 

@@ -8,10 +8,10 @@ import pytest
 from conftest import make_perf
 
 from pdserve.cluster.topology import Link, Topology, gpu_link
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicySetup
+from pdserve.policies.setup import PolicyConfig, PolicySetup
 from pdserve.sim.runner import build_topology, instances_per_node
 from pdserve.sim.simulator import SimSettings, Simulator
 from pdserve.types import SLO, Request
@@ -24,8 +24,8 @@ def run_pd(requests: list[Request], prefill: int, decode: int,
            span: int = 1 << 20) -> list[Request]:
     model = perf or make_perf()
     base = model if isinstance(model, PerfModel) else model[0]
-    policy, count = build_policy("static-pd", PolicySetup(base, SLO_, prefill=prefill,
-                                                          decode=decode))
+    policy, count = build_policy(PolicySetup(base, SLO_, PolicyConfig("static-pd"),
+                                             prefill=prefill, decode=decode))
     sim = Simulator(policy, count, model, SimSettings(max_span_steps=span), topology)
     return sim.run(requests).requests
 
@@ -83,7 +83,8 @@ def test_each_instance_may_have_its_own_performance_model():
     fast = make_perf()
     slow = dataclasses.replace(fast, name="slow", kv_capacity_tokens=50_000,
                                decode=DecodeCoeffs(0.02, 1e-4, 2e-7, 0.001))
-    policy, count = build_policy("static-pd", PolicySetup(fast, SLO_, prefill=1, decode=1))
+    policy, count = build_policy(PolicySetup(fast, SLO_, PolicyConfig("static-pd"), prefill=1,
+                                             decode=1))
     sim = Simulator(policy, count, [fast, slow])
     assert [i.total_blocks for i in sim.instances] == [(1 << 20) // 16, 50_000 // 16]
     (request,) = sim.run([Request(0, 0.0, 1000, 4)]).requests
@@ -94,7 +95,7 @@ def test_each_instance_may_have_its_own_performance_model():
 
 def test_decoding_in_place_counts_the_prefill_token_as_the_decode_instance_first():
     perf = make_perf()
-    policy, count = build_policy("colocated", PolicySetup(perf, SLO_, instances=1))
+    policy, count = build_policy(PolicySetup(perf, SLO_, PolicyConfig("colocated"), instances=1))
     (request,) = Simulator(policy, count, perf).run([Request(0, 0.0, 1000, 3)]).requests
     assert request.decode_first_token_s == request.first_token_s
     assert request.transfer_s == 0
@@ -113,26 +114,28 @@ def test_token_timing_is_the_same_step_by_step_and_fast():
 
 
 def test_config_topology_defaults_and_tp():
-    config = SimConfig()  # llama-3.1-8b on h800 at tp 1: 8 instances on one node
+    config = Config()  # llama-3.1-8b on h800 at tp 1: 8 instances on one node
     assert instances_per_node(config) == 8
     topology = build_topology(config, make_perf(), 8)
     assert set(topology.nodes) == {0}
     assert topology.link_between(0, 7).bytes_per_s == 1e10  # the perf model's link
-    seventy = SimConfig(model="llama-3.1-70b", gpu="a100", tp=4, inter_node_link="tcp-25g")
+    seventy = Config().with_values({"perf.model": "llama-3.1-70b", "perf.gpu": "a100",
+                                    "perf.tp": 4, "cluster.inter_node_link": "tcp-25g"})
     assert instances_per_node(seventy) == 2
     topology = build_topology(seventy, make_perf(), 4)
     assert topology.nodes == (0, 0, 1, 1)
     # one NIC per GPU: a tp-4 instance sends over four
     assert topology.link_between(1, 2).bytes_per_s == pytest.approx(4 * 25e9 / 8 * 0.7)
     with pytest.raises(ValueError, match="inter_node_link"):
-        SimConfig(inter_node_link="carrier-pigeon")
+        Config().with_values({"cluster.inter_node_link": "carrier-pigeon"})
     with pytest.raises(ValueError, match="instances_per_node"):
-        SimConfig(instances_per_node=-1)
+        Config().with_values({"cluster.instances_per_node": -1})
 
 
 def test_policies_can_price_a_transfer_from_the_view():
     perf = make_perf()
-    policy, count = build_policy("static-pd", PolicySetup(perf, SLO_, prefill=1, decode=1))
+    policy, count = build_policy(PolicySetup(perf, SLO_, PolicyConfig("static-pd"), prefill=1,
+                                             decode=1))
     topology = Topology.build([gpu_link(perf)] * 2, 1, Link("net", 1e9, 0.0))
     view = Simulator(policy, count, perf, topology=topology).view
     assert view.topology is topology

@@ -8,11 +8,11 @@ import pytest
 from conftest import make_perf
 
 from pdserve.cluster.actions import Migrate
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicySetup
+from pdserve.policies.setup import PolicyConfig, PolicySetup
 from pdserve.sim.runner import Experiment
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO, Request
@@ -24,8 +24,9 @@ DEFAULT_SLO = SLO(2.0, 0.15)
 def simulate(policy_name: str, requests: list[Request], perf: PerfModel, span: int,
              slo: SLO = DEFAULT_SLO, prefill: int = 2, decode: int = 2,
              **settings) -> tuple[SimResult, list[Request]]:
-    policy, count = build_policy(policy_name, PolicySetup(
-        perf, slo, instances=prefill + decode, prefill=prefill, decode=decode,
+    policy, count = build_policy(PolicySetup(
+        perf, slo, PolicyConfig(policy_name), instances=prefill + decode, prefill=prefill,
+        decode=decode,
         chunk_size_tokens=settings.get("chunk_size_tokens", 2048)))
     sim = Simulator(policy, count, perf, SimSettings(max_span_steps=span, **settings))
     result = sim.run(requests)
@@ -85,12 +86,17 @@ def test_fast_advance_equals_step_by_step_while_arrow_flips_instances():
 
 
 def test_same_seed_same_results_different_seed_different():
-    config = SimConfig(trace="synthetic", synthetic_requests=400, synthetic_rate_rps=30,
-                       synthetic_lengths="table:arxiv-lengths", synthetic_arrival="gamma",
-                       synthetic_cv=2, seed=3, policy="static-pd", prefill=2, decode=2)
+    config = Config().with_values({"workload.trace": "synthetic",
+                                   "workload.synthetic_requests": 400,
+                                   "workload.synthetic_rate_rps": 30,
+                                   "workload.synthetic_lengths": "table:arxiv-lengths",
+                                   "workload.synthetic_arrival": "gamma",
+                                   "workload.synthetic_cv": 2, "seed": 3,
+                                   "policy.name": "static-pd", "cluster.prefill": 2,
+                                   "cluster.decode": 2})
     first = [outcome(r) for r in Experiment.from_config(config).simulate().requests]
     second = [outcome(r) for r in Experiment.from_config(config).simulate().requests]
-    other = [outcome(r) for r in Experiment.from_config(config.replaced(seed=4))
+    other = [outcome(r) for r in Experiment.from_config(config.with_values({"seed": 4}))
              .simulate().requests]
     assert first == second
     assert first != other
@@ -123,12 +129,14 @@ def test_static_pd_and_colocated_differ_sanely_on_a_real_trace_clip():
     load: lightly loaded, PD's dedicated prefill instances are faster (no
     decodes in their batches); heavily loaded, colocated wins because 8 instances take
     prefills instead of 4 and PD's prefill queues grow."""
-    base = SimConfig(trace="azure-conv", start_s=600, duration_s=300, instances=8, prefill=4,
-                     decode=4)
+    base = Config().with_values({"workload.trace": "azure-conv", "workload.start_s": 600,
+                                 "workload.duration_s": 300, "cluster.instances": 8,
+                                 "cluster.prefill": 4, "cluster.decode": 4})
     results = {}
     for scale in (3, 13):
         for policy in ("colocated", "static-pd"):
-            experiment = Experiment.from_config(base.replaced(policy=policy, rate_scale=scale))
+            experiment = Experiment.from_config(base.with_values({"policy.name": policy,
+                                                                  "workload.rate_scale": scale}))
             results[policy, scale] = summarize(experiment.simulate().requests, SLO(2.0, 0.15))
     for scale in (3, 13):
         colocated, pd = results["colocated", scale], results["static-pd", scale]
@@ -148,11 +156,11 @@ def test_static_pd_and_colocated_differ_sanely_on_a_real_trace_clip():
 def test_arrow_beats_min_load_on_a_bursty_real_trace():
     """Azure code, first 10 minutes at 14x: bursts overload 4 prefill instances; Arrow
     flips decode instances to prefill and meets the SLOs where the fixed 4P4D split misses."""
-    base = SimConfig(trace="azure-code", duration_s=600, rate_scale=14, ttft_slo_s=3,
-                     tpot_slo_s=0.1)
+    base = Config().with_values({"workload.trace": "azure-code", "workload.duration_s": 600,
+                                 "workload.rate_scale": 14, "slo.ttft_s": 3, "slo.tpot_s": 0.1})
     summaries, flips = {}, {}
     for policy in ("arrow", "min-load"):
-        experiment = Experiment.from_config(base.replaced(policy=policy))
+        experiment = Experiment.from_config(base.with_values({"policy.name": policy}))
         result = experiment.simulate()
         summaries[policy], flips[policy] = experiment.summarize(result), result.flips
     assert summaries["arrow"].slo_attainment >= summaries["min-load"].slo_attainment + 0.05
@@ -190,8 +198,8 @@ def run_with_migrations(span: int) -> tuple[SimResult, list[Request]]:
     perf = make_perf(kv_capacity_tokens=12_000)
     workload = synthetic_workload(150, rate_rps=6.0, lengths="uniform:20-1500:50-400",
                                   arrival="gamma", cv=2.0, seed=11)
-    policy, count = build_policy("static-pd", PolicySetup(perf, DEFAULT_SLO, prefill=2,
-                                                          decode=2, chunk_size_tokens=512))
+    policy, count = build_policy(PolicySetup(perf, DEFAULT_SLO, PolicyConfig("static-pd"),
+                                             prefill=2, decode=2, chunk_size_tokens=512))
     recorder: list[Request] = []
     policy.decode_router = RecordingRouter(policy.decode_router, recorder)
     policy.rebalancer = MigrateEveryTick(recorder, (2, 3))

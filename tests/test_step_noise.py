@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import make_perf
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.perf.fit import fit_steps
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs
 from pdserve.perf.step_log import prefill_step_cv
@@ -24,8 +24,9 @@ def sparse_prefills(count: int = 400) -> Workload:
 
 
 def ttfts(perf: PerfModel, workload: Workload, seed: int = 0, instances: int = 1) -> np.ndarray:
-    config = SimConfig(policy="colocated", instances=instances, prefill=instances,
-                       decode=instances, seed=seed)
+    config = Config().with_values({"policy.name": "colocated", "cluster.instances": instances,
+                                   "cluster.prefill": instances, "cluster.decode": instances,
+                                   "seed": seed})
     result = Experiment(config, workload, perf).simulate(1.0)
     return np.array([r.first_token_s - r.arrival_s for r in result.requests])
 
@@ -84,6 +85,6 @@ def test_control_latency_draws_each_requests_own_with_the_asked_median_and_p90()
     assert np.percentile(shifts, 90) == pytest.approx(0.016, rel=0.05)
     assert all(r.finish_s == r.first_token_s for r in requests)  # TPOT unchanged
     with pytest.raises(ValueError, match="control_latency_p90_s"):
-        SimConfig(control_latency_s=0.01, control_latency_p90_s=0.005)
+        Config().with_values({"sim.control_latency_s": 0.01, "sim.control_latency_p90_s": 0.005})
     with pytest.raises(ValueError, match="control_latency_p90_s"):
-        SimConfig(control_latency_p90_s=0.02)  # a spread with no median
+        Config().with_values({"sim.control_latency_p90_s": 0.02})  # a spread with no median

@@ -20,9 +20,10 @@ def test_taichi_serves_with_flowing_decode_and_early_rejection(tmp_path):
     # TPOT SLO no step can meet: every degraded decode flows back. The stream ping-pongs.
     settings = TaiChiSettings(chunk_p_tokens=64, chunk_d_tokens=16, watermark=0.0,
                               no_feasible="reject")
-    with running_server(tmp_path, instances=2, policy="taichi", prefill=1, decode=1,
-                        taichi=settings, ttft_slo_s=0.1, tpot_slo_s=1e-4,
-                        monitor_interval_s=0.05) as (base, driver):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "taichi",
+                                   "cluster.prefill": 1, "cluster.decode": 1,
+                                   "policy.taichi": settings, "slo.ttft_s": 0.1, "slo.tpot_s": 1e-4,
+                                   "monitor.interval_s": 0.05}) as (base, driver):
         started, out = threading.Event(), {}
         client = threading.Thread(target=stream_text, args=(base, 300, started, out, PROMPT))
         client.start()

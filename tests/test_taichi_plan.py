@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pdserve.cli import main
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.planning.taichi import SliderPoint, evaluate, search, slider_grid
 from pdserve.sim.runner import Experiment
 
-BASE = SimConfig(trace="synthetic", synthetic_requests=250, synthetic_rate_rps=20.0,
-                 synthetic_lengths="table:sharegpt", seed=2, model="qwen2.5-14b", gpu="a100",
-                 tp=1, ttft_slo_s=3.0, tpot_slo_s=0.11, monitor_interval_s=0.2)
+BASE = Config().with_values({"workload.trace": "synthetic", "workload.synthetic_requests": 250,
+                             "workload.synthetic_rate_rps": 20.0,
+                             "workload.synthetic_lengths": "table:sharegpt", "seed": 2,
+                             "perf.model": "qwen2.5-14b", "perf.gpu": "a100", "perf.tp": 1,
+                             "slo.ttft_s": 3.0, "slo.tpot_s": 0.11, "monitor.interval_s": 0.2})
 
 
 def test_grid_spans_aggregation_disaggregation_and_hybrid():
@@ -24,8 +26,8 @@ def test_grid_spans_aggregation_disaggregation_and_hybrid():
 def test_aggregation_point_has_colocated_goodput():
     experiment = Experiment.from_config(BASE)
     result = evaluate(SliderPoint(0, 4, 512, 512), experiment)
-    colocated = Experiment(BASE.replaced(policy="colocated", instances=4,
-                                         chunk_size_tokens=512),
+    colocated = Experiment(BASE.with_values({"policy.name": "colocated", "cluster.instances": 4,
+                                             "instance.chunk_size_tokens": 512}),
                            experiment.workload, experiment.perf).goodput()
     assert result.goodput_rps == colocated.rate_rps > 0
     assert result.attainment >= 0.9

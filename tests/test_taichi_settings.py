@@ -5,45 +5,50 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.sim.runner import Experiment
 from pdserve.types import SLO
 
 
-def outcomes(config: SimConfig) -> list[tuple]:
+def outcomes(config: Config) -> list[tuple]:
     result = Experiment.from_config(config).simulate()
     return [(r.request_id, r.first_token_s, r.finish_s, r.prefill_instance, r.decode_instance,
              r.preemptions, r.transfer_s) for r in result.requests]
 
 
-BASE = SimConfig(trace="synthetic", synthetic_requests=300, synthetic_rate_rps=12.0,
-                 synthetic_lengths="lognormal:900:200:1.0", seed=7, model="qwen2.5-14b",
-                 gpu="a100", ttft_slo_s=3.0, tpot_slo_s=0.11, monitor_interval_s=0.2)
+BASE = Config().with_values({"workload.trace": "synthetic", "workload.synthetic_requests": 300,
+                             "workload.synthetic_rate_rps": 12.0,
+                             "workload.synthetic_lengths": "lognormal:900:200:1.0", "seed": 7,
+                             "perf.model": "qwen2.5-14b", "perf.gpu": "a100", "slo.ttft_s": 3.0,
+                             "slo.tpot_s": 0.11, "monitor.interval_s": 0.2})
 
 
 def test_aggregation_setting_is_colocated():
-    colocated = outcomes(BASE.replaced(policy="colocated", instances=4, chunk_size_tokens=512))
-    taichi = outcomes(BASE.replaced(policy="taichi", prefill=2, decode=2,
-                                    chunk_size_tokens=2048, taichi_chunk_p_tokens=512,
-                                    taichi_chunk_d_tokens=512))
+    colocated = outcomes(BASE.with_values({"policy.name": "colocated", "cluster.instances": 4,
+                                           "instance.chunk_size_tokens": 512}))
+    taichi = outcomes(BASE.with_values({"policy.name": "taichi", "cluster.prefill": 2,
+                                        "cluster.decode": 2, "instance.chunk_size_tokens": 2048,
+                                        "policy.taichi.chunk_p_tokens": 512,
+                                        "policy.taichi.chunk_d_tokens": 512}))
     assert taichi == colocated
     assert len({r[3] for r in taichi}) == 4  # every instance prefilled
 
 
 def test_disaggregation_setting_is_static_pd():
-    static = outcomes(BASE.replaced(policy="static-pd", prefill=2, decode=2,
-                                    chunk_size_tokens=8192))
-    taichi = outcomes(BASE.replaced(policy="taichi", prefill=2, decode=2,
-                                    chunk_size_tokens=8192, taichi_chunk_p_tokens=8192,
-                                    taichi_chunk_d_tokens=0))
+    static = outcomes(BASE.with_values({"policy.name": "static-pd", "cluster.prefill": 2,
+                                        "cluster.decode": 2, "instance.chunk_size_tokens": 8192}))
+    taichi = outcomes(BASE.with_values({"policy.name": "taichi", "cluster.prefill": 2,
+                                        "cluster.decode": 2, "instance.chunk_size_tokens": 8192,
+                                        "policy.taichi.chunk_p_tokens": 8192,
+                                        "policy.taichi.chunk_d_tokens": 0}))
     assert taichi == static
     assert {r[4] for r in taichi} == {2, 3} and all(r[6] > 0 for r in taichi)
 
 
 def test_hybrid_setting_differs_and_moves_decodes():
-    result = Experiment.from_config(BASE.replaced(
-        policy="taichi", prefill=2, decode=2, taichi_chunk_p_tokens=1024,
-        taichi_chunk_d_tokens=256)).simulate()
+    result = Experiment.from_config(BASE.with_values({
+        "policy.name": "taichi", "cluster.prefill": 2, "cluster.decode": 2,
+        "policy.taichi.chunk_p_tokens": 1024, "policy.taichi.chunk_d_tokens": 256})).simulate()
     decode_on = {r.decode_instance for r in result.requests}
     assert decode_on <= {2, 3}  # no pressure: every decode stays on a D-heavy instance
     assert {r.prefill_instance for r in result.requests} == {0, 1, 2, 3}
@@ -53,16 +58,19 @@ def test_hybrid_setting_differs_and_moves_decodes():
 def test_interference_intensity_separates_aggregation_from_disaggregation(tmp_path):
     from pdserve.metrics.report import write_requests_csv
 
-    def run(config: SimConfig):
+    def run(config: Config):
         experiment = Experiment.from_config(config)
         result = experiment.simulate()
         return result, experiment.summarize(result)
 
-    _, static = run(BASE.replaced(policy="static-pd", prefill=2, decode=2))
-    _, colocated = run(BASE.replaced(policy="colocated", instances=4, chunk_size_tokens=512))
-    hybrid_result, hybrid = run(BASE.replaced(policy="taichi", prefill=2, decode=2,
-                                              taichi_chunk_p_tokens=1024,
-                                              taichi_chunk_d_tokens=256))
+    _, static = run(BASE.with_values({"policy.name": "static-pd", "cluster.prefill": 2,
+                                      "cluster.decode": 2}))
+    _, colocated = run(BASE.with_values({"policy.name": "colocated", "cluster.instances": 4,
+                                         "instance.chunk_size_tokens": 512}))
+    hybrid_result, hybrid = run(BASE.with_values({"policy.name": "taichi", "cluster.prefill": 2,
+                                                  "cluster.decode": 2,
+                                                  "policy.taichi.chunk_p_tokens": 1024,
+                                                  "policy.taichi.chunk_d_tokens": 256}))
     assert static.interference_intensity.mean == 0  # decode instances run no prefill
     assert colocated.interference_intensity.mean > hybrid.interference_intensity.mean > 0
     write_requests_csv(tmp_path / "r.csv", hybrid_result.requests, SLO(3.0, 0.11))
@@ -84,8 +92,8 @@ def test_simulate_command_takes_the_sliders(capsys, tmp_path):
                  "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0 and "policy taichi" in out and "interference (TaiChi)" in out
-    config = (tmp_path / "config.yaml").read_text()
-    assert "taichi_chunk_d_tokens: 128" in config and "taichi_no_feasible: reject" in config
+    taichi = Config.from_yaml(tmp_path / "config.yaml").policy.taichi
+    assert taichi.chunk_d_tokens == 128 and taichi.no_feasible == "reject"
     assert main(["simulate", "--policy", "taichi", "--taichi-chunk-p", "128",
                  "--taichi-chunk-d", "512", "--trace", "synthetic"]) == 2
     assert "chunk_d_tokens (S_D=512) must not exceed" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from server_helpers import running_server
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.live.replay_client import ClientTimeline, replay
 from pdserve.live.timeline import read_timeline, split_ttft
 from pdserve.perf.step_log import read_role_log, read_timed_steps
@@ -44,10 +44,12 @@ def test_control_latency_moves_output_times_not_tpot():
 
 
 def test_simulated_ttft_grows_by_exactly_the_control_latency():
-    config = SimConfig(trace="synthetic", synthetic_requests=40, synthetic_rate_rps=4.0,
-                       policy="static-pd", prefill=1, decode=1, gpu="a100")
+    config = Config().with_values({"workload.trace": "synthetic",
+                                   "workload.synthetic_requests": 40,
+                                   "workload.synthetic_rate_rps": 4.0, "policy.name": "static-pd",
+                                   "cluster.prefill": 1, "cluster.decode": 1, "perf.gpu": "a100"})
     plain = Experiment.from_config(config).simulate()
-    later = Experiment.from_config(config.replaced(control_latency_s=0.05)).simulate()
+    later = Experiment.from_config(config.with_values({"sim.control_latency_s": 0.05})).simulate()
     for a, b in zip(plain.requests, later.requests, strict=True):
         assert b.first_token_s - b.arrival_s == pytest.approx(a.first_token_s - a.arrival_s
                                                               + 0.05)
@@ -59,8 +61,8 @@ def test_a_live_server_logs_each_requests_timeline_on_one_clock(tmp_path, monkey
     monkeypatch.setenv("PDSERVE_STEP_LOG", str(logs))
     workload = Workload("four", np.arange(4) * 0.05, np.full(4, 24), np.full(4, 6))
     began_s = time.monotonic()
-    with running_server(tmp_path, instances=2, policy="static-pd", prefill=1,
-                        decode=1) as (base, _):
+    with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "static-pd",
+                                   "cluster.prefill": 1, "cluster.decode": 1}) as (base, _):
         client: ClientTimeline = {}
         requests = asyncio.run(replay(base, workload, "tiny", 60, timeline=client))
     ended_s = time.monotonic()

@@ -21,10 +21,13 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from pdserve.cluster.topology import Topology
+from pdserve.config import Config
+from pdserve.config_flags import config_from_args
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.perf.specs import check_tp, model_spec
@@ -33,7 +36,7 @@ from pdserve.planning.ampd_inputs import PlanInputs, replica_workload
 from pdserve.planning.ampd_verify import verify
 from pdserve.policies.ampd.preset import build_ampd_policy
 from pdserve.sim.simulator import Simulator
-from pdserve.types import SLO, Request
+from pdserve.types import Request
 
 DEGREES = (1, 2, 4, 8)
 
@@ -86,7 +89,7 @@ def replica_tau(phase: str, degree: int, replicas: int, inputs: PlanInputs) -> f
     real = perf_model(inputs.model, inputs.gpu, degree)
     ideal = idealised(real)
     perfs = [real, ideal] if phase == "prefill" else [ideal, real]
-    policy, _ = build_ampd_policy("dynamo", inputs.slo, 1, 1, perfs)
+    policy, _ = build_ampd_policy("dynamo", inputs.slo, 1, 1, perfs, inputs.ampd)
     requests = replica_workload(inputs, replicas).requests()
     sim = Simulator(policy, 2, perfs, topology=Topology.for_perf_models(perfs, 8))
     done: list[Request] = [r for r in sim.run(requests).requests if r.finished]
@@ -142,10 +145,24 @@ def plan(inputs: PlanInputs, jobs: int = 2, top: int = 3,
     return solve(tau_prefill, tau_decode, inputs.gpus, top)
 
 
-# `pdserve plan --policy ampd` defaults for the options the planners share (planning/cli.py)
-DEFAULTS = {"trace": "agent:toolbench", "synthetic_requests": 150, "synthetic_rate": 2.0,
-            "seed": 0, "model": "qwen3-32b", "gpu": "h20", "ttft_slo": 0.35, "tpot_slo": 0.04,
-            "top": 3}
+# `pdserve plan --policy ampd` starts from these config values (an agent workload on
+# Qwen3-32B over H20s, as AMPD's evaluation), not the simulate defaults; `--config FILE` and
+# the options override them
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "workload.trace": "agent:toolbench", "workload.synthetic_requests": 150,
+    "workload.synthetic_rate_rps": 2.0, "perf.model": "qwen3-32b", "perf.gpu": "h20",
+    "slo.ttft_s": 0.35, "slo.tpot_s": 0.04}
+
+
+def plan_defaults() -> Config:
+    return Config().with_values(CONFIG_DEFAULTS)
+
+
+def plan_inputs(config: Config, gpus: int) -> PlanInputs:
+    workload = config.workload
+    return PlanInputs(config.perf.model, config.perf.gpu, gpus, config.slo.targets(),
+                      workload.trace, workload.synthetic_requests, workload.synthetic_rate_rps,
+                      config.seed, config.policy.ampd)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -155,8 +172,7 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--gpus must be at least 2 (one per phase), got {args.gpus}")
     if args.processes < 1:
         raise ValueError(f"--processes must be at least 1, got {args.processes}")
-    inputs = PlanInputs(args.model, args.gpu, args.gpus, SLO(args.ttft_slo, args.tpot_slo),
-                        args.trace, args.synthetic_requests, args.synthetic_rate, args.seed)
+    inputs = plan_inputs(config_from_args(args, plan_defaults()), args.gpus)
     started = time.perf_counter()
     print(f"planning {inputs.model} on {inputs.gpus} {inputs.gpu} GPUs for {inputs.workload} "
           f"at {inputs.rate_sps:g} sessions/s (TTFT SLO {inputs.slo.ttft_s:g}s, ITL SLO "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.policies.ampd.settings import AmpdSettings
 from pdserve.types import SLO
 from pdserve.workload.sessions import is_session_workload, session_workload
 from pdserve.workload.workload import Workload
@@ -27,6 +28,7 @@ class PlanInputs:
     sessions: int  # simulated per replica
     rate_sps: float  # sessions started per second, whole cluster
     seed: int = 0
+    ampd: AmpdSettings = AmpdSettings()  # alpha, beta and window of the verified clusters
 
 
 def replica_workload(inputs: PlanInputs, replicas: int) -> Workload:

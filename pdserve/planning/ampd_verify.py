@@ -43,7 +43,7 @@ def cluster_attainment(deployment: Deployment, inputs: PlanInputs) -> float:
                + [deployment.decode_degree] * deployment.decode_replicas)
     perfs = [perf_model(inputs.model, inputs.gpu, degree) for degree in degrees]
     policy, _ = build_ampd_policy("ampd", inputs.slo, deployment.prefill_replicas,
-                                  deployment.decode_replicas, perfs)
+                                  deployment.decode_replicas, perfs, inputs.ampd)
     workload = replica_workload(inputs, 1)
     sim = Simulator(policy, len(perfs), perfs, topology=cluster_topology(perfs, degrees))
     return summarize(sim.run(workload.requests()).requests, inputs.slo).slo_attainment

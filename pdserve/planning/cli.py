@@ -1,29 +1,66 @@
 """`pdserve plan --policy NAME ...`: the planners, keyed by the policy they configure.
 
 Each planner is a module of this package with a `run(args) -> int` entry; `PLANNERS` maps a
-policy name to it. The options the planners share (workload, model, GPU, SLOs, how many
-results) default to None here and each planner fills in its own defaults
-(`PLANNER_DEFAULTS`), so one subcommand serves both without either's defaults leaking into
-the other. `pdserve.cli` needs one call, `add_plan_parser`.
+policy name to it. The workload, model, GPU and SLOs are config values (`pdserve.config`),
+set by `--config FILE` and the options; each planner starts from its own base config
+(`PLANNER_CONFIGS`: taichi from the simulate defaults, ampd from AMPD's setting), and the
+planners' own options default per planner (`PLANNER_DEFAULTS`), so one subcommand serves
+both without either's defaults leaking into the other. `pdserve.cli` needs one call,
+`add_plan_parser`.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pdserve.config import Config
+from pdserve.config_flags import Flag, add_flags, shown_default
 from pdserve.planning import ampd, taichi
 
 PLANNERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "taichi": taichi.run,
     "ampd": ampd.run_plan,
 }
-PLANNER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "taichi": {"top": 5},  # the rest come from --config or the simulate defaults
-    "ampd": ampd.DEFAULTS,
+PLANNER_CONFIGS: dict[str, Callable[[], Config]] = {  # where each planner's config starts
+    "taichi": taichi.plan_defaults,
+    "ampd": ampd.plan_defaults,
 }
+PLANNER_DEFAULTS: dict[str, dict[str, Any]] = {  # the planners' own options
+    "taichi": {"top": 5},
+    "ampd": {"top": 3},
+}
+
+SHARED_FLAGS = (
+    Flag("--trace", "workload.trace", "shipped trace, trace file, 'synthetic', or a session "
+         "workload (ampd: sharegpt-sessions, mooncake-sessions, "
+         "agent:toolbench|gaia|hotpotqa|dureader)"),
+    Flag("--synthetic-requests", "workload.synthetic_requests",
+         "synthetic requests (ampd: sessions per replica)"),
+    Flag("--synthetic-rate", "workload.synthetic_rate_rps",
+         "requests (ampd: sessions) per second"),
+    Flag("--seed", "seed", "workload seed"),
+    Flag("--model", "perf.model", "simulated model"),
+    Flag("--gpu", "perf.gpu", "GPU"),
+    Flag("--ttft-slo", "slo.ttft_s", "TTFT target, seconds"),
+    Flag("--tpot-slo", "slo.tpot_s", "TPOT (ampd: ITL) target, seconds"),
+)
+TAICHI_FLAGS = (
+    Flag("--synthetic-lengths", "workload.synthetic_lengths",
+         "e.g. table:sharegpt, table:arxiv-lengths"),
+    Flag("--max-requests", "workload.max_requests", "keep at most this many requests",
+         shown="all", type=int),
+    Flag("--tp", "perf.tp", "tensor-parallel degree per instance", shown="the setup's"),
+)
+
+
+def per_planner(flag: Flag) -> Flag:
+    """`flag` with its help showing each planner's default."""
+    return replace(flag, shown=", ".join(f"{name}: {shown_default(flag, base())}"
+                                         for name, base in PLANNER_CONFIGS.items()))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -41,29 +78,17 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
         "prefill/decode parallel degrees and replicas, latencies by simulation.")
     p.add_argument("--policy", required=True, choices=list(PLANNERS))
     shared = p.add_argument_group("shared (each planner has its own defaults)")
-    shared.add_argument("--trace", help="shipped trace, trace file, 'synthetic', or a session "
-                        "workload (ampd: sharegpt-sessions, mooncake-sessions, "
-                        "agent:toolbench|gaia|hotpotqa|dureader) [ampd: agent:toolbench]")
-    shared.add_argument("--synthetic-requests", type=int,
-                        help="synthetic requests (ampd: sessions per replica) [ampd: 150]")
-    shared.add_argument("--synthetic-rate", type=float, help="requests (ampd: sessions) per "
-                        "second [ampd: 2]")
-    shared.add_argument("--seed", type=int, help="workload seed [0]")
-    shared.add_argument("--model", help="model [ampd: qwen3-32b]")
-    shared.add_argument("--gpu", help="GPU [ampd: h20]")
-    shared.add_argument("--ttft-slo", type=float, help="TTFT target, seconds [ampd: 0.35]")
-    shared.add_argument("--tpot-slo", type=float, help="TPOT (ampd: ITL) target, seconds "
-                        "[ampd: 0.04]")
+    add_flags(shared, [per_planner(flag) for flag in SHARED_FLAGS], Config())
+    shared.add_argument("--config", type=Path, help="YAML file of the config tree (the "
+                        "workload, model, SLOs); options override it")
     shared.add_argument("--top", type=int, help="results to print [taichi: 5, ampd: 3]")
     shared.add_argument("--processes", type=int, default=2,
                         help="simulations in parallel [2]")
     tc = p.add_argument_group("taichi")
-    tc.add_argument("--config", type=Path, help="YAML file of simulate config fields (the "
-                    "workload, model, SLOs); flags override it")
-    tc.add_argument("--synthetic-lengths", help="e.g. table:sharegpt, table:arxiv-lengths")
-    tc.add_argument("--max-requests", type=int, help="keep at most this many requests")
-    tc.add_argument("--tp", type=int, help="tensor-parallel degree per instance")
-    tc.add_argument("--instances", type=int, help="instances to place [4]")
+    add_flags(tc, TAICHI_FLAGS, Config())
+    cluster = Config().cluster
+    tc.add_argument("--instances", type=int, help=f"instances to place [--prefill + --decode "
+                    f"of the config: {cluster.prefill + cluster.decode}]")
     tc.add_argument("--chunk-sizes", default="256,512,1024,2048",
                     help="S_P candidates, tokens, comma-separated [256,512,1024,2048]")
     tc.add_argument("--d-chunk-sizes", default="0,64,128,256,512",

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pdserve.config import SimConfig
+from pdserve.config import Config
+from pdserve.config_flags import config_from_args
 from pdserve.sim.runner import Experiment
 
 DISAGGREGATED_CHUNK_TOKENS = 16384  # "S_P = the maximum context" for the workloads shipped
@@ -47,11 +48,11 @@ class SliderPoint:
         return (f"{self.p_heavy} P-heavy @{self.chunk_p_tokens} + {self.d_heavy} D-heavy "
                 f"@{self.chunk_d_tokens}")
 
-    def config(self, base: SimConfig) -> SimConfig:
-        return base.replaced(policy="taichi", prefill=max(1, self.p_heavy),
-                             decode=self.d_heavy - (self.p_heavy == 0),
-                             taichi_chunk_p_tokens=self.chunk_p_tokens,
-                             taichi_chunk_d_tokens=self.chunk_d_tokens)
+    def config(self, base: Config) -> Config:
+        return base.with_values({"policy.name": "taichi", "cluster.prefill": max(1, self.p_heavy),
+                                 "cluster.decode": self.d_heavy - (self.p_heavy == 0),
+                                 "policy.taichi.chunk_p_tokens": self.chunk_p_tokens,
+                                 "policy.taichi.chunk_d_tokens": self.chunk_d_tokens})
 
 
 def slider_grid(instances: int, chunk_sizes: Sequence[int],
@@ -81,7 +82,7 @@ class PlanResult:
 _EXPERIMENT: Experiment | None = None
 
 
-def _init_worker(base: SimConfig) -> None:
+def _init_worker(base: Config) -> None:
     global _EXPERIMENT
     _EXPERIMENT = Experiment.from_config(base)
 
@@ -100,7 +101,7 @@ def evaluate(point: SliderPoint, experiment: Experiment | None = None) -> PlanRe
                       summary.tpot_s.p90 if summary else float("nan"))
 
 
-def search(base: SimConfig, points: Sequence[SliderPoint], processes: int = 2,
+def search(base: Config, points: Sequence[SliderPoint], processes: int = 2,
            time_limit_s: float = 600.0,
            on_result: Callable[[PlanResult], None] | None = None) -> list[PlanResult]:
     """Goodput of every point that finishes within `time_limit_s`, best first."""
@@ -126,15 +127,14 @@ def search(base: SimConfig, points: Sequence[SliderPoint], processes: int = 2,
     return sorted(results, key=lambda r: (-r.goodput_rps, r.point.label))
 
 
-def _base_config(args: argparse.Namespace) -> SimConfig:
-    config = SimConfig.from_yaml(args.config) if args.config else SimConfig()
-    fields = {"trace": args.trace, "synthetic_lengths": args.synthetic_lengths,
-              "synthetic_requests": args.synthetic_requests,
-              "synthetic_rate_rps": args.synthetic_rate, "max_requests": args.max_requests,
-              "seed": args.seed, "model": args.model, "gpu": args.gpu, "tp": args.tp,
-              "ttft_slo_s": args.ttft_slo, "tpot_slo_s": args.tpot_slo}
-    changes = {k: v for k, v in fields.items() if v is not None}
-    return config.replaced(policy="taichi", **changes)
+def plan_defaults() -> Config:
+    """Where `pdserve plan --policy taichi` starts: the simulate defaults."""
+    return Config()
+
+
+def _base_config(args: argparse.Namespace) -> Config:
+    """The simulate defaults, then `--config FILE`, then the options; policy taichi."""
+    return config_from_args(args, plan_defaults()).with_values({"policy.name": "taichi"})
 
 
 def _sizes(text: str, name: str) -> list[int]:
@@ -151,12 +151,12 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     base = _base_config(args)
-    instances = args.instances or base.prefill + base.decode
+    instances = args.instances or base.cluster.prefill + base.cluster.decode
     points = slider_grid(instances, _sizes(args.chunk_sizes, "--chunk-sizes"),
                          _sizes(args.d_chunk_sizes, "--d-chunk-sizes"))
     print(f"taichi slider search: {len(points)} settings of {instances} instances, "
           f"{args.processes} processes, at most {args.time_limit:g}s; SLO TTFT "
-          f"{base.ttft_slo_s:g}s TPOT {base.tpot_slo_s:g}s, {base.model} on {base.gpu}")
+          f"{base.slo.ttft_s:g}s TPOT {base.slo.tpot_s:g}s, {base.perf.model} on {base.perf.gpu}")
     started = time.monotonic()
     bar = tqdm(total=len(points), unit="setting", desc="plan", disable=True if
                args.no_progress else None)

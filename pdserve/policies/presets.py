@@ -16,11 +16,12 @@
 | vllm        | xPyD fixed    | min-load       | min-running-tokens | ARES's "vLLM"     |
 | reschedule-current | xPyD   | min-load       | min-running-tokens | + Alg. 1, current load |
 | ares        | xPyD fixed    | min-load       | min-running-tokens | + ARES Alg. 1     |
-(Any preset takes ARES's rebalancer with `PolicySetup.rebalancer`; policies/ares/preset.py.)
+(Any preset takes ARES's rebalancer with `PolicyConfig.rebalancer`; policies/ares/preset.py.)
 
-Any preset's routers can be swapped by name (`prefill_router`, `decode_router`), except
-taichi's, whose components share per-request state (`policies/taichi/preset.py`); its
-sliders are `PolicySetup.prefill : decode` (R_PD) and `PolicySetup.taichi`.
+Any preset's routers can be swapped by name (`PolicyConfig.prefill_router`,
+`decode_router`), except taichi's, whose components share per-request state
+(`policies/taichi/preset.py`); its sliders are `PolicySetup.prefill : decode` (R_PD) and
+`PolicyConfig.taichi`. `PolicyConfig.phase_priority` replaces any policy's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.policies.ampd.preset import AMPD_VARIANTS, build_ampd_policy
 from pdserve.policies.ares.preset import ARES_PRESETS, attach_rebalancer
 from pdserve.policies.arrow.context import ArrowContext
@@ -87,13 +89,16 @@ def _pick(table: dict[str, Callable], name: str, what: str) -> Callable:
     return table[name]
 
 
-def build_policy(name: str, setup: PolicySetup) -> tuple[Policy, int]:
-    """The policy named `name` (with the setup's router and rebalancer overrides) and its
-    instance count."""
-    policy, count = _build_preset(name, setup)
-    rebalancer = setup.rebalancer or ARES_PRESETS.get(name, "")
+def build_policy(setup: PolicySetup) -> tuple[Policy, int]:
+    """The policy `setup.policy` names (with its router, phase priority and rebalancer
+    overrides) and its instance count."""
+    section = setup.policy
+    policy, count = _build_preset(section.name, setup)
+    rebalancer = section.rebalancer or ARES_PRESETS.get(section.name, "")
     if rebalancer:
         attach_rebalancer(policy, rebalancer, setup.ares, setup.perf)
+    if section.phase_priority:
+        policy.phase_priority = parse_phase_priority(section.phase_priority)
     return policy, count
 
 
@@ -104,17 +109,17 @@ def _build_preset(name: str, setup: PolicySetup) -> tuple[Policy, int]:
         return build_flowkv(setup)
     if name in AMPD_VARIANTS:
         return build_ampd_policy(name, setup.slo, setup.prefill, setup.decode,
-                                 [setup.perf])[0], setup.prefill + setup.decode
+                                 [setup.perf], setup.policy.ampd)[0], setup.prefill + setup.decode
     preset = PRESETS[name]
     if name == "taichi":
-        if setup.prefill_router or setup.decode_router:
+        if setup.policy.prefill_router or setup.policy.decode_router:
             raise ValueError("taichi's routers are its Algorithms 2 and 1 and cannot be "
-                             "replaced; switch them off with taichi_length_aware_prefill / "
-                             "taichi_flowing_decode")
+                             "replaced; switch them off with policy.taichi."
+                             "length_aware_prefill / policy.taichi.flowing_decode")
         return build_taichi(setup.perf, setup.slo, setup.prefill, setup.decode, setup.taichi,
                             setup.max_batch_size)
-    prefill_name = setup.prefill_router or preset.prefill_router
-    decode_name = setup.decode_router or preset.decode_router
+    prefill_name = setup.policy.prefill_router or preset.prefill_router
+    decode_name = setup.policy.decode_router or preset.decode_router
     uses_arrow = preset.elastic or "arrow" in (prefill_name, decode_name)
     arrow = arrow_context(setup) if uses_arrow else None  # one context, shared
     roles: RoleManager

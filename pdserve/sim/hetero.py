@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, Link, Topology, gpu_link, network_link
-from pdserve.config import SimConfig
+from pdserve.config import Config
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp, perf_model
 from pdserve.types import Role
@@ -30,11 +30,12 @@ class ClusterLayout:
         return sum(1 for r in self.roles if r is role)
 
 
-def heterogeneous_layout(config: SimConfig) -> ClusterLayout:
-    assert isinstance(config.instances, str)
-    if config.perf_model:
-        raise ValueError("config field 'instances': GPU groups need model x gpu performance "
-                         "models, not a perf_model file")
+def heterogeneous_layout(config: Config) -> ClusterLayout:
+    cluster, spec = config.cluster, config.perf
+    assert isinstance(cluster.instances, str)
+    if spec.profile:
+        raise ValueError("config field 'cluster.instances': GPU groups need model x gpu "
+                         "performance models, not a perf.profile file")
     perfs: list[PerfModel] = []
     roles: list[Role] = []
     nodes: list[int] = []
@@ -42,11 +43,11 @@ def heterogeneous_layout(config: SimConfig) -> ClusterLayout:
     first_tp = 0
     servers: dict[tuple[str, int], tuple[int, int]] = {}  # kind -> (its last node, filled)
     next_node = 0
-    for group in parse_instances(config.instances):
-        tp = group.tp or config.tp or default_tp(config.model, group.gpu)
+    for group in parse_instances(cluster.instances):
+        tp = group.tp or spec.tp or default_tp(spec.model, group.gpu)
         first_tp = first_tp or tp
-        model = perf_model(config.model, group.gpu, tp)
-        per_node = config.instances_per_node or max(1, GPUS_PER_NODE // tp)
+        model = perf_model(spec.model, group.gpu, tp)
+        per_node = cluster.instances_per_node or max(1, GPUS_PER_NODE // tp)
         node, filled = servers.get((group.gpu, tp), (-1, per_node))
         for _ in range(group.count):
             if filled == per_node:  # this kind of server is full: a new one
@@ -55,10 +56,10 @@ def heterogeneous_layout(config: SimConfig) -> ClusterLayout:
             perfs.append(model)
             roles.append(group.role)
             nodes.append(node)
-            intra.append(gpu_link(model) if config.intra_node_link == GPU_LINK
-                         else network_link(config.intra_node_link))
+            intra.append(gpu_link(model) if cluster.intra_node_link == GPU_LINK
+                         else network_link(cluster.intra_node_link))
         servers[group.gpu, tp] = (node, filled)
-    inter = network_link(config.inter_node_link).aggregated(first_tp)
+    inter = network_link(cluster.inter_node_link).aggregated(first_tp)
     return ClusterLayout(tuple(perfs), tuple(roles), Topology(tuple(nodes), tuple(intra), inter))
 
 
@@ -67,11 +68,11 @@ def check_layout_roles(policy: str, roles: tuple[Role, ...]) -> None:
     if policy == "flowkv":
         return
     if Role.RESERVE in roles:
-        raise ValueError(f"config field 'instances': reserve instances need policy flowkv, "
-                         f"not {policy!r}")
+        raise ValueError(f"config field 'cluster.instances': reserve instances need policy "
+                         f"flowkv, not {policy!r}")
     mixed = sum(1 for r in roles if r is Role.MIXED)
     if policy == "colocated":
         return
     if mixed:
-        raise ValueError(f"config field 'instances': mixed groups need policy colocated or "
-                         f"flowkv, not {policy!r}")
+        raise ValueError(f"config field 'cluster.instances': mixed groups need policy "
+                         f"colocated or flowkv, not {policy!r}")

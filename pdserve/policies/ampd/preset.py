@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from functools import partial
 
 from pdserve.perf.fitted import PerfModel
-from pdserve.policies.ampd.context import ALPHA, BETA, AmpdContext
-from pdserve.policies.ampd.reordering import WINDOW, TtftAwareOrder
+from pdserve.policies.ampd.context import AmpdContext
+from pdserve.policies.ampd.reordering import TtftAwareOrder
 from pdserve.policies.ampd.roles import AmpdRoles
 from pdserve.policies.ampd.routing import AmpdDecodeRouter, AmpdPrefillRouter
+from pdserve.policies.ampd.settings import AmpdSettings
 from pdserve.policies.base import Policy
 from pdserve.types import SLO
 
@@ -32,15 +33,17 @@ AMPD_VARIANTS: dict[str, tuple[bool, bool]] = {  # name -> (adaptive routing, re
 
 
 def build_ampd_policy(name: str, slo: SLO, prefill: int, decode: int,
-                      perfs: Sequence[PerfModel], alpha: float = ALPHA, beta: float = BETA,
-                      window: int = WINDOW) -> tuple[Policy, AmpdContext]:
-    """`alpha`, `beta` (Alg. 1) and the lookahead `window` (Alg. 2): the paper's defaults
-    0.9, 0.85 and 3 (sec. 7.1)."""
+                      perfs: Sequence[PerfModel], settings: AmpdSettings | None = None
+                      ) -> tuple[Policy, AmpdContext]:
+    """`settings`: alpha, beta (Alg. 1) and the lookahead window (Alg. 2); by default the
+    paper's (`AmpdSettings`)."""
+    settings = settings or AmpdSettings()
     adaptive, reorder = AMPD_VARIANTS[name]
-    context = AmpdContext(slo.ttft_s, slo.tpot_s, list(perfs), alpha=alpha, beta=beta)
+    context = AmpdContext(slo.ttft_s, slo.tpot_s, list(perfs), alpha=settings.alpha,
+                          beta=settings.beta)
     policy = Policy(name=name, prefill_router=AmpdPrefillRouter(context, adaptive),
                     decode_router=AmpdDecodeRouter(context),
                     role_manager=AmpdRoles(context, prefill, decode))
     if reorder:
-        policy.queue_order = partial(TtftAwareOrder, slo.ttft_s, window)
+        policy.queue_order = partial(TtftAwareOrder, slo.ttft_s, settings.window)
     return policy, context

@@ -7,8 +7,8 @@ with the fewest KV tokens (running plus arriving) -- the `min-running-tokens` ro
   vllm                the foundation, no migration ("vLLM")
   reschedule-current  plus Alg. 1 on the current load only ("vLLM + rescheduling")
   ares                plus Alg. 1 with predicted future load (ARES)
-`rebalancer: ares` (or `reschedule-current`) in a config adds the same rebalancer to any
-other preset (e.g. `policy: arrow`): `attach_rebalancer`.
+`policy.rebalancer: ares` (or `reschedule-current`) in a config adds the same rebalancer to
+any other preset (e.g. `policy.name: arrow`): `attach_rebalancer`.
 """
 
 from __future__ import annotations

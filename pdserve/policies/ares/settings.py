@@ -23,7 +23,6 @@ interval (1 s, line 3) and the refresh interval (k = 20 tokens, sec. 5.3) but no
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 from pdserve.instance.decode_forecast import ForecastSettings
@@ -53,19 +52,3 @@ class AresSettings:
             return self.forecast
         return ForecastSettings(predictor="none", horizon_steps=0, points=1,
                                 refresh_every_tokens=self.forecast.refresh_every_tokens)
-
-
-def add_ares_arguments(parser: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
-    """`pdserve simulate` flags; each lands on the config field named like it."""
-    parser.add_argument("--rebalancer", choices=["ares", "reschedule-current", "none"],
-                        help="add ARES's decode rescheduling to any policy [the policy's]")
-    parser.add_argument("--ares-predictor", dest="ares_predictor",
-                        help="oracle | noisy:mae=N | history | hidden-state:PATH [history]")
-    parser.add_argument("--ares-theta", dest="ares_theta", type=float,
-                        help="overload threshold theta [0.1]")
-    parser.add_argument("--ares-horizon", dest="ares_horizon_steps", type=int,
-                        help="prediction horizon H, decode steps [2000]")
-    parser.add_argument("--ares-decay", dest="ares_decay", type=float,
-                        help="beta_t decay over the horizon's points [0.8]")
-    parser.add_argument("--ares-refresh", dest="ares_refresh_tokens", type=int,
-                        help="re-predict every k generated tokens [20]")

@@ -18,5 +18,5 @@ def arrow_context(setup: PolicySetup) -> ArrowContext:
         predictor=TtftPredictor.fit(samples), monitor=InstanceMonitor(setup.monitor_window_s),
         max_running_tokens=max_running_tokens(setup.perf, setup.slo.tpot_s,
                                               setup.max_batch_size),
-        max_batch_size=setup.max_batch_size, min_dwell_s=setup.arrow_min_dwell_s,
-        monitor_cooldown_s=setup.arrow_monitor_cooldown_s)
+        max_batch_size=setup.max_batch_size, min_dwell_s=setup.policy.arrow.min_dwell_s,
+        monitor_cooldown_s=setup.policy.arrow.monitor_cooldown_s)

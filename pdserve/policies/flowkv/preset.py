@@ -16,7 +16,6 @@ from pdserve.policies.flowkv.context import FlowKVContext
 from pdserve.policies.flowkv.decode_router import FlowKVDecodeRouter
 from pdserve.policies.flowkv.prefill_router import FlowKVPrefillRouter
 from pdserve.policies.flowkv.role_manager import FlowKVRoleManager
-from pdserve.policies.flowkv.settings import FlowKVSettings
 from pdserve.policies.setup import PolicySetup
 from pdserve.types import Role
 
@@ -32,11 +31,12 @@ def build_flowkv(setup: PolicySetup) -> tuple[Policy, int]:
     roles = flowkv_roles(setup)
     perfs = list(setup.perfs) if setup.perfs else [setup.perf] * len(roles)
     homes = [role if role in (Role.PREFILL, Role.DECODE) else Role.RESERVE for role in roles]
-    context = FlowKVContext(setup.flowkv or FlowKVSettings(), perfs, homes,
-                            setup.chunk_size_tokens, setup.max_batch_size)
+    settings = setup.flowkv
+    context = FlowKVContext(settings, perfs, homes, setup.chunk_size_tokens,
+                            setup.max_batch_size)
     policy = Policy(
         name="flowkv",
-        prefill_router=FlowKVPrefillRouter(context, setup.prefix_aware),
+        prefill_router=FlowKVPrefillRouter(context, settings.prefix_aware_routing),
         decode_router=FlowKVDecodeRouter(context),
         role_manager=FlowKVRoleManager(context, roles, PhasePriority.PREFILL_FIRST),
         phase_priority=PhasePriority.PREFILL_FIRST)

@@ -80,6 +80,7 @@ class FlowKVSettings:
     scale_down_after_s: float = 300.0  # low load must last this long (5 min, as HPA)
     scale_cooldown_s: float = 30.0  # between two scaling decisions
     prefix_block_tokens: int = 512  # tokens per prefix hash (Mooncake's hash_ids: 512)
+    prefix_aware_routing: bool = True  # prefill routing counts prefix-cache hits (Alg. 1)
 
     def __post_init__(self) -> None:
         for low, high in ((self.low_prefill, self.high_prefill),

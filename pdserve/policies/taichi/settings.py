@@ -32,7 +32,6 @@ the chat SLO1 setup (Qwen2.5-14B, 4 x A100, ShareGPT, TTFT 3 s, TPOT 110 ms) wit
 
 from __future__ import annotations
 
-import argparse
 import enum
 from dataclasses import dataclass
 
@@ -114,32 +113,3 @@ class TaiChiLayout:
     @property
     def differentiated(self) -> bool:
         return len(set(self.kinds)) > 1
-
-
-def add_taichi_arguments(parser: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
-    """`--taichi-*` flags; each lands on the field named like it (`taichi_chunk_p_tokens`)."""
-    parser.add_argument("--taichi-chunk-p", dest="taichi_chunk_p_tokens", type=int,
-                        help="taichi S_P: P-heavy chunk size, tokens [2048]")
-    parser.add_argument("--taichi-chunk-d", dest="taichi_chunk_d_tokens", type=int,
-                        help="taichi S_D: D-heavy chunk size, tokens; 0 = no prefill [512] "
-                        "(R_PD is --prefill : --decode)")
-    parser.add_argument("--taichi-watermark", dest="taichi_watermark", type=float,
-                        help="taichi M: D-heavy KV use that degrades decodes [0.95]")
-    parser.add_argument("--taichi-alpha", dest="taichi_alpha", type=float,
-                        help="taichi approaching factor of the TPOT SLO for backflow [0.96]")
-    parser.add_argument("--taichi-no-feasible", dest="taichi_no_feasible",
-                        choices=NO_FEASIBLE_BEHAVIOURS,
-                        help="taichi Alg. 2 when no instance meets the TTFT SLO [random]")
-
-
-def settings_from_fields(values: object) -> TaiChiSettings:
-    """Settings from an object with `taichi_*` fields (SimConfig, an argparse namespace);
-    a missing or None field keeps the default."""
-    defaults = TaiChiSettings()
-    names = ("chunk_p_tokens", "chunk_d_tokens", "watermark", "alpha", "no_feasible",
-             "flowing_decode", "length_aware_prefill")
-    changes = {}
-    for name in names:
-        value = getattr(values, f"taichi_{name}", None)
-        changes[name] = getattr(defaults, name) if value is None else value
-    return TaiChiSettings(**changes, seed=getattr(values, "seed", 0) or 0)
