@@ -34,7 +34,7 @@ from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings, WorkerState
 from pdserve.live.requests import LiveRequest
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicySetup
+from pdserve.policies.setup import PolicyConfig, PolicySetup
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request, Role
 from pdserve.worker.messages import AddRequest, DropHistory, ExportHistory
@@ -103,8 +103,8 @@ def next_round(home: int) -> Request:
 
 def simulated(target_role: Role, home_serving: bool) -> tuple[Simulator, Request]:
     """A 2-instance simulated cluster whose home instance keeps the session's history."""
-    policy, count = build_policy("static-pd", PolicySetup(PERF, SLO(5.0, 0.5), prefill=1,
-                                                          decode=1))
+    policy, count = build_policy(PolicySetup(PERF, SLO(5.0, 0.5), PolicyConfig("static-pd"),
+                                             prefill=1, decode=1))
     sim = Simulator(policy, count, PERF)
     home = sim.instances[HOME].local
     first = Request(1, 0.0, HISTORY_TOKENS - 20, 21, session_id=SESSION, retain_kv=True)
@@ -154,8 +154,8 @@ def sim_outcome(target: int, target_role: Role, home_serving: bool) -> HistorySo
 
 
 def live_outcome(target: int, target_role: Role, home_serving: bool) -> HistorySource:
-    policy, count = build_policy("static-pd", PolicySetup(PERF, SLO(5.0, 0.5), prefill=1,
-                                                          decode=1))
+    policy, count = build_policy(PolicySetup(PERF, SLO(5.0, 0.5), PolicyConfig("static-pd"),
+                                             prefill=1, decode=1))
     driver = LiveDriver(policy, count, TextTokenizer.shipped(), WorkerSettings())
     driver.view.instances = [InstanceStats.empty(i, 1024) for i in range(count)]
     for i in range(count):
