@@ -11,8 +11,7 @@ from collections.abc import Callable
 
 from pdserve.instance.prefill_queue import PrefillQueue
 from pdserve.instance.prefix_cache import PrefixCache, release_prefix
-from pdserve.instance.session_cache import SessionCache
-from pdserve.instance.session_history import SessionHistory
+from pdserve.instance.sessions import SessionCache, SessionHistory
 from pdserve.types import Request, blocks_for
 
 

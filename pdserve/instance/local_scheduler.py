@@ -32,7 +32,7 @@ from pdserve.instance.phase_priority import PhasePriority, prefill_only_plan
 from pdserve.instance.prefill_queue import PrefillQueue
 from pdserve.instance.prefix_cache import PrefixCache, donate_prefix, release_prefix, reuse_prefix
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
-from pdserve.instance.session_history import SessionHistory
+from pdserve.instance.sessions import SessionHistory
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
 
@@ -79,7 +79,7 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
         self.held: dict[int, tuple[Request, int]] = {}  # prefilled here, awaiting hand-off
         self._admit_counter = 0
         self._preempted_pending: list[Request] = []  # until a plan tells the engine
-        self.history = SessionHistory()  # sessions (AMPD): `instance/session_history.py`
+        self.history = SessionHistory()  # sessions (AMPD): `instance/sessions.py`
         self.sessions = self.history.cache
         self.history_reads = self.history.reads
         self.transfer_reused_tokens = self.history.transfer_reused_tokens
