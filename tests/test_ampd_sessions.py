@@ -98,6 +98,18 @@ def test_eviction_frees_idle_history_lru_first() -> None:
     assert local.sessions.evictions_total == 1
 
 
+def test_dropping_or_trimming_kept_history_gives_its_blocks_back() -> None:
+    local = LocalScheduler(0, total_blocks=200, chunk_size_tokens=4096)
+    for sid in (1, 2):
+        finish(local, Request(sid, 0.0, 1000, 10, session_id=sid, retain_kv=True))
+    assert local.used_blocks == 2 * blocks_for(1009)
+    assert local.trim_session_history(1, 160) == blocks_for(1009) - blocks_for(160)
+    assert local.sessions.tokens(1) == 160
+    assert local.drop_session_history(2) == blocks_for(1009) and 2 not in local.sessions
+    assert local.drop_session_history(2) == 0  # gone already
+    assert local.used_blocks == blocks_for(160) == local.total_blocks - local.free_blocks
+
+
 # ---- the simulator ----
 
 def test_rounds_are_chained_by_the_tool_delay() -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parent.parent / "pdserve"
 
 
@@ -82,11 +80,6 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
-PENDING = pytest.mark.xfail(strict=True, reason="the instance, engine, worker and perf "
-                             "restructurings of issue 23 land in later commits")
-
-
-@PENDING
 def test_no_import_cycles_not_even_for_annotations() -> None:
     graph = {name: imports_of(name) for name in MODULES}
     assert strongly_connected(graph) == []
@@ -106,7 +99,6 @@ def pdserve_classes() -> dict[str, tuple[str, ast.ClassDef]]:
     return classes
 
 
-@PENDING
 def test_no_class_is_assembled_from_several_pdserve_classes() -> None:
     """A class takes at most one pdserve base (a subclass specialising one concern); two
     or more are mixins sharing a host's state."""
@@ -139,7 +131,6 @@ PLAIN_DATA = {"dataclass", "Protocol", "NamedTuple", "TypedDict", "Enum", "BaseM
               "Exception"}
 
 
-@PENDING
 def test_no_class_declares_state_it_does_not_own() -> None:
     """A bare class-level annotation (`free_blocks: int`) in a class that never assigns
     it declares a host's attribute: the mark of a mixin reaching into another object."""

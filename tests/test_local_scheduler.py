@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdserve.instance.kv_budget import KVBudget
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.types import Request, attn_units, blocks_for
 
@@ -226,3 +227,20 @@ def test_abort_frees_a_request_wherever_it_is():
         check_counters(local, sum(blocks for _, blocks in local.held.values()))
     assert local.used_blocks == 0 and len(local.prefills) == 0
     assert not local.running and not local.held and local.decode_queue_len == 0
+
+
+def test_kv_budget_reclaims_only_what_is_short_and_takes_nothing_when_still_short():
+    asked = []
+
+    def reclaim(blocks_short: int, keep_session: int) -> int:
+        asked.append((blocks_short, keep_session))
+        return 3
+
+    budget = KVBudget(10, reclaim)
+    assert budget.try_take(8) and budget.free_blocks == 2 and not asked
+    assert budget.try_take(4, keep_session=7) and asked == [(2, 7)]  # 2 + 3 reclaimed
+    assert budget.free_blocks == 1 and budget.used_blocks == 9
+    assert not budget.try_take(5) and asked[-1] == (4, -1)
+    assert budget.free_blocks == 4  # what was reclaimed stays free, nothing is taken
+    budget.give(6)
+    assert budget.free_blocks == 10 and budget.used_blocks == 0

@@ -9,30 +9,42 @@ Each step it forms one batch, in this order:
   3. the rest of the per-step token budget (`chunk_size_tokens` minus the decodes) goes to
      prefill chunks: partially prefilled requests first, then the waiting queue in the order
      the `QueueOrder` hook keeps.
-KV memory is counted in blocks of 16 tokens against `total_blocks`. Incoming KV transfers
-wait in an FCFS queue until their blocks can be reserved.
+With `PhasePriority.PREFILL_FIRST` (`phase_priority.py`) a step is prefill chunks only while
+any can run, and decodes run in the steps where none can.
+
+The local scheduler owns and wires the parts it is made of:
+  `KVBudget`        KV memory, in blocks of 16 tokens against `total_blocks`; the only writer
+                    of the free-block count, which it refills by evicting idle session
+                    history (`kv_budget.py`)
+  `PrefillQueue`    waiting and partially prefilled requests (`prefill_queue.py`)
+  `HandoffQueues`   KV held for a hand-off out, and incoming transfers, which wait in an FCFS
+                    queue until their blocks can be reserved (`kv_handoff.py`)
+  `SessionHistory`  multi-round sessions' kept history KV, AMPD (`sessions.py`)
+  `PrefixCache`     optional, FlowKV's prefix reuse (`prefix_cache.py`)
+It keeps the load it shows policies (the `InstanceLoad` protocol of `stats.py`) in counters
+updated as requests move, so each read is O(1).
 
 The scheduler never measures time: a driver asks for a `BatchPlan`, runs it (a performance
 model in simulation, the engine in the live world) and hands it back to `complete`. A
-decode-only plan may cover several steps (`max_steps`), which the simulator uses to advance
-a batch whose composition cannot change; `shrink_span` cuts such a plan short when new work
-arrives, giving exactly the state that running the steps one by one gives.
+decode-only plan may cover several steps (`max_steps`, a decode span), which the simulator
+uses to advance a batch whose composition cannot change: the span reserves the blocks of the
+longest run of steps in which no decode finishes and every block it needs is free, and
+`shrink_span` cuts such a plan short when new work arrives, giving back the rest: exactly
+the state that running the steps one by one gives.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pdserve.instance.decode_span import DecodeSpans
-from pdserve.instance.kv_handoff import KVHandoffs
-from pdserve.instance.load_counters import LoadCounters
-from pdserve.instance.phase_priority import PhasePriority, prefill_only_plan
+from pdserve.instance.kv_budget import KVBudget
+from pdserve.instance.kv_handoff import HandoffQueues
+from pdserve.instance.phase_priority import PhasePriority
 from pdserve.instance.prefill_queue import PrefillQueue
-from pdserve.instance.prefix_cache import PrefixCache, donate_prefix, release_prefix, reuse_prefix
+from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
-from pdserve.instance.sessions import SessionHistory
+from pdserve.instance.sessions import SessionCache, SessionHistory
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
 
@@ -57,7 +69,10 @@ class BatchResult:
     # emitted a token (then decode here again, or finished, also in `finished`)
 
 
-class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
+class LocalScheduler:
+    """One instance's scheduler: where each request is (queued, prefilling, running, held
+    for a hand-off, coming in) and the next batch. See the module docstring."""
+
     def __init__(self, instance_id: int, total_blocks: int, chunk_size_tokens: int,
                  max_batch_size: int = 256, queue_order: QueueOrder | None = None) -> None:
         if total_blocks <= 0:
@@ -67,24 +82,27 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
         self.instance_id = instance_id
-        self.total_blocks = total_blocks
-        self.free_blocks = total_blocks
+        self.total_blocks = total_blocks  # constant: the KV budget's size
         self.chunk_size_tokens = chunk_size_tokens
         self.max_batch_size = max_batch_size
-        self.prefills = PrefillQueue(queue_order or FCFSOrder())
-        self.running: dict[int, Request] = {}
-        self.ready: deque[Request] = deque()
-        self.transfer_queue: deque[Request] = deque()
-        self.transferring: dict[int, Request] = {}
-        self.held: dict[int, tuple[Request, int]] = {}  # prefilled here, awaiting hand-off
-        self._admit_counter = 0
-        self._preempted_pending: list[Request] = []  # until a plan tells the engine
         self.history = SessionHistory()  # sessions (AMPD): `instance/sessions.py`
-        self.sessions = self.history.cache
+        self.sessions: SessionCache = self.history.cache
         self.history_reads = self.history.reads
         self.transfer_reused_tokens = self.history.transfer_reused_tokens
+        # the only writer of the free-block count; under pressure it evicts idle history
+        self.budget = KVBudget(total_blocks, reclaim=self.history.reclaim)
+        self.prefills = PrefillQueue(queue_order or FCFSOrder())
+        self.running: dict[int, Request] = {}
+        self.handoffs = HandoffQueues()
+        # its containers (never replaced), for drivers and policies to read: `held`
+        # (id -> (request, blocks)), `transfer_queue`, `transferring`, `ready`
+        self.held = self.handoffs.held
+        self.transfer_queue = self.handoffs.transfer_queue
+        self.transferring = self.handoffs.transferring
+        self.ready = self.handoffs.ready
+        self._admit_counter = 0
+        self._preempted_pending: list[Request] = []  # until a plan tells the engine
         # load counters, kept incrementally so reading them is O(1)
-        self.decode_queue_tokens = 0
         self.running_tokens = 0
         self.preemptions_total = 0
         self.decode_steps_total = 0
@@ -92,6 +110,48 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
         self.busy_s_total = 0.0
         self.phase_priority = PhasePriority.DECODE_FIRST  # `phase_priority.py`
         self.prefix_cache: PrefixCache | None = None  # `prefix_cache.py`
+
+    @property
+    def free_blocks(self) -> int:
+        """Read only: the `KVBudget` alone changes it."""
+        return self.budget.free_blocks
+
+    # ---- load (`InstanceLoad`) ----
+    @property
+    def prefill_queue_len(self) -> int:
+        return len(self.prefills)
+
+    @property
+    def prefill_queue_tokens(self) -> int:
+        return self.prefills.tokens
+
+    @property
+    def prefill_queue_attn_units(self) -> int:
+        return self.prefills.attn_units
+
+    @property
+    def decode_queue_len(self) -> int:
+        return len(self.transfer_queue) + len(self.transferring) + len(self.ready)
+
+    @property
+    def decode_queue_tokens(self) -> int:
+        return self.handoffs.incoming_tokens
+
+    @property
+    def running_decodes(self) -> int:
+        return len(self.running)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.budget.used_blocks
+
+    @property
+    def prefill_running_len(self) -> int:
+        return len(self.prefills.active)
+
+    @property
+    def sending_len(self) -> int:
+        return len(self.held)
 
     # ---- work coming in ----
     def enqueue_prefill(self, request: Request) -> None:
@@ -111,12 +171,8 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
             self._drop_running(request)
         elif rid in self.prefills.active or request in self.prefills.waiting:
             self.prefills.drop(request)
-        elif request in self.ready or request in self.transfer_queue or rid in self.transferring:
-            for queue in (self.ready, self.transfer_queue):
-                if request in queue:
-                    queue.remove(request)
-            self.transferring.pop(rid, None)
-            self.decode_queue_tokens -= request.sequence_tokens
+        else:
+            self.handoffs.drop_incoming(request)
         self._free_kv(request)
 
     # ---- batch formation ----
@@ -124,25 +180,30 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
         """Form the next batch, or None when there is nothing to run."""
         plan = self._plan(max_steps)
         if self.prefix_cache is not None and plan is not None:
-            self.prefix_cache.trim(self.free_blocks)  # memory the batch took is not cache
+            self.prefix_cache.trim(self.budget.free_blocks)  # memory the batch took is not cache
         return plan
 
     def _plan(self, max_steps: int) -> BatchPlan | None:
         self._join_ready()
+        decodes: list[Request] = []
+        chunks: list[tuple[Request, int]] = []
         if self.phase_priority is PhasePriority.PREFILL_FIRST:
-            prefill_first = prefill_only_plan(self)
-            if prefill_first is not None:
-                return prefill_first
-        preemptions_before = self.preemptions_total
-        self._grow_decodes()
-        decodes = list(self.running.values())
-        # a step that had to preempt admits no new prefill (vLLM does the same), unless no
-        # decode is left to run: then waiting work must start or the instance would stall
-        admit_waiting = self.preemptions_total == preemptions_before or not decodes
-        chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes), admit_waiting)
-        if not decodes and not chunks:
-            return None
-        plan = BatchPlan(decodes, chunks, decode_context_tokens=self.running_tokens)
+            chunks = self._prefill_first_chunks()
+        context_tokens = 0
+        admit_waiting = True
+        if not chunks:  # decode first
+            preemptions_before = self.preemptions_total
+            self._grow_decodes()
+            decodes = list(self.running.values())
+            context_tokens = self.running_tokens
+            # a step that had to preempt admits no new prefill (vLLM does the same), unless
+            # no decode is left to run: then waiting work must start or the instance would
+            # stall
+            admit_waiting = self.preemptions_total == preemptions_before or not decodes
+            chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes), admit_waiting)
+            if not decodes and not chunks:
+                return None
+        plan = BatchPlan(decodes, chunks, decode_context_tokens=context_tokens)
         if self._preempted_pending:  # rare: no list is built on the common path
             plan.preempted, self._preempted_pending = self._preempted_pending, []
         for request, tokens in chunks:
@@ -155,10 +216,17 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
             plan.steps = self._reserve_span(decodes, max_steps)
         return plan
 
+    def _prefill_first_chunks(self) -> list[tuple[Request, int]]:
+        """A prefill-first step's chunks: over the whole token budget, no decode; none when
+        no prefill can run now (nothing queued, memory, batch cap), so decodes run."""
+        if not len(self.prefills):
+            return []
+        return self._plan_chunks(self.chunk_size_tokens, True)
+
     def _join_ready(self) -> None:
-        while self.ready and len(self.running) + len(self.prefills.active) < self.max_batch_size:
-            request = self.ready.popleft()
-            self.decode_queue_tokens -= request.sequence_tokens
+        ready = self.ready
+        while ready and len(self.running) + len(self.prefills.active) < self.max_batch_size:
+            request = self.handoffs.join_next()
             self._admit_counter += 1
             request.admit_seq = self._admit_counter
             self.running[request.request_id] = request
@@ -169,25 +237,25 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
         needs = [-(-(r.input_tokens + r.generated_tokens) // KV_BLOCK_TOKENS) - r.kv_blocks
                  for r in running]
         total = sum(needs)
-        if total > self.free_blocks:  # only then may idle history make room
-            self._reclaim(total)
-        if total <= self.free_blocks:  # the common case: every decode can grow
-            if total:
-                self.free_blocks -= total
-                for request, need in zip(running, needs, strict=True):
-                    request.kv_blocks += need
+        if not total:
             return
+        budget = self.budget
+        if budget.try_take(total):  # the common case: every decode can grow
+            for request, need in zip(running, needs, strict=True):
+                request.kv_blocks += need
+            return
+        # idle history was reclaimed and still the decodes do not fit: preempt
         for request in list(running):
             if request.request_id not in self.running:
                 continue  # preempted while making room for an older one
             need = blocks_for(request.sequence_tokens) - request.kv_blocks
-            while need > self.free_blocks:
+            while need > budget.free_blocks:
                 victim = self._newest_admitted()
                 self._preempt(victim)
                 if victim is request:
                     break
             else:
-                self.free_blocks -= need
+                budget.take(need)
                 request.kv_blocks += need
 
     def _plan_chunks(self, budget_tokens: int, admit_waiting: bool) -> list[tuple[Request, int]]:
@@ -206,7 +274,8 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
             head = prefills.peek()
             if self.history.waiting_for_read(head):
                 break
-            reuse_prefix(self, head)
+            if self.prefix_cache is not None:
+                self._reuse_prefix(self.prefix_cache, head)
             tokens = self._allocate_chunk(head, budget_tokens)
             if tokens == 0:
                 break
@@ -221,12 +290,76 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
         remaining = request.prefill_target_tokens - request.prefilled_tokens
         tokens = min(remaining, budget_tokens)
         need = blocks_for(request.prefilled_tokens + tokens) - request.kv_blocks
-        self._reclaim(need)
-        if need > self.free_blocks:
+        if not self.budget.try_take(need):
             return 0
-        self.free_blocks -= need
         request.kv_blocks += need
         return tokens
+
+    def _reuse_prefix(self, cache: PrefixCache, request: Request) -> None:
+        """At admission: reference the cached blocks of the prompt's prefix and skip
+        computing them."""
+        if not request.hash_ids or request.cached_blocks or request.prefilled_tokens:
+            return
+        hits, taken = cache.reuse(request, self.budget.free_blocks)
+        if not hits:
+            return
+        self.budget.take(taken)
+        request.kv_blocks += hits * cache.kv_blocks_per_entry
+        self.prefills.skip(request, hits * cache.block_tokens)
+
+    # ---- decode spans (the simulator's fast advance) ----
+    def _reserve_span(self, decodes: list[Request], max_steps: int) -> int:
+        """Longest run of steps with an unchanged batch: no decode finishes before its last
+        step and every block it needs is free. Reserves those blocks."""
+        steps = min(max_steps, min(r.output_tokens - r.generated_tokens for r in decodes))
+        if steps <= 1:
+            return 1
+        free = self.budget.free_blocks
+        if self._span_blocks(decodes, steps) > free:
+            low, high = 1, steps  # low fits (its blocks were allocated by _grow_decodes)
+            while high - low > 1:
+                mid = (low + high) // 2
+                if self._span_blocks(decodes, mid) <= free:
+                    low = mid
+                else:
+                    high = mid
+            steps = low
+        extra = steps - 1
+        taken = 0
+        for request in decodes:
+            blocks = -(-(request.input_tokens + request.generated_tokens + extra)
+                       // KV_BLOCK_TOKENS)
+            taken += blocks - request.kv_blocks
+            request.kv_blocks = blocks
+        self.budget.take(taken)
+        return steps
+
+    @staticmethod
+    def _span_blocks(decodes: list[Request], steps: int) -> int:
+        """Blocks the decodes need beyond what they hold to run `steps` steps."""
+        extra = steps - 1
+        return sum(-(-(r.input_tokens + r.generated_tokens + extra) // KV_BLOCK_TOKENS)
+                   - r.kv_blocks for r in decodes)
+
+    def shrink_span(self, plan: BatchPlan, steps: int) -> None:
+        """Cut a multi-step plan to its first `steps` steps, giving back the blocks reserved
+        for the rest; the state is then what running it step by step would have reached."""
+        if not 1 <= steps <= plan.steps:
+            raise ValueError(f"steps must be in 1..{plan.steps}, got {steps}")
+        freed = 0
+        for request in plan.decodes:
+            blocks = blocks_for(request.sequence_tokens + steps - 1)
+            freed += request.kv_blocks - blocks
+            request.kv_blocks = blocks
+        self.budget.give(freed)
+        plan.steps = steps
+
+    def blocks_after(self, plan: BatchPlan, steps: int) -> int:
+        """Blocks in use once `steps` steps of `plan` have been scheduled (for a view of an
+        instance part-way through a multi-step plan)."""
+        excess = sum(r.kv_blocks - blocks_for(r.sequence_tokens + steps - 1)
+                     for r in plan.decodes)
+        return self.budget.used_blocks - excess
 
     # ---- batch completion ----
     def complete(self, plan: BatchPlan, duration_s: float = 0.0,
@@ -258,7 +391,8 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
                          result: BatchResult) -> None:
         if not self.prefills.advance(request, tokens):
             return
-        donate_prefix(self, request)
+        if self.prefix_cache is not None:
+            self.prefix_cache.donate(request)
         first = request.generated_tokens == 0
         request.generated_tokens += 1  # the prefill's last position samples a token
         if not first:
@@ -267,8 +401,7 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
             self._release_finished(request)
             result.finished.append(request)
         elif first:
-            self.held[request.request_id] = (request, request.kv_blocks)
-            request.kv_blocks = 0
+            self.handoffs.hold(request)
             result.prefilled.append(request)
         else:  # recomputed after preemption: resume decoding here
             self.running[request.request_id] = request
@@ -284,16 +417,17 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
         if freed is None:
             self._free_kv(request)
         else:
-            self.free_blocks += freed
+            self.budget.give(freed)
 
     def _drop_running(self, request: Request) -> None:
         del self.running[request.request_id]
         self.running_tokens -= request.sequence_tokens
 
     def _free_kv(self, request: Request) -> None:
-        self.free_blocks += request.kv_blocks
-        request.kv_blocks = 0
-        release_prefix(self, request)
+        blocks, request.kv_blocks = request.kv_blocks, 0
+        if request.cached_blocks and self.prefix_cache is not None:  # not its own blocks
+            blocks += self.prefix_cache.release_entries(request)
+        self.budget.give(blocks)
 
     # ---- preemption ----
     def _newest_admitted(self) -> Request:
@@ -310,3 +444,83 @@ class LocalScheduler(LoadCounters, DecodeSpans, KVHandoffs):
         self.preemptions_total += 1
         self._preempted_pending.append(request)
         self.prefills.push_front(request)
+
+    # ---- KV going out ----
+    def continue_in_place(self, request: Request) -> None:
+        """Decode a request here whose prefill this instance just finished."""
+        self.handoffs.keep_in_place(request)
+
+    def release_handoff(self, request: Request) -> None:
+        """Free the KV of a request that has been transferred to another instance. Only this
+        instance's count is touched: in simulation the target shares the `Request` object
+        and has already put its own reservation in `request.kv_blocks`."""
+        blocks = self.handoffs.release(request)
+        if request.cached_blocks and self.prefix_cache is not None:  # not its own blocks
+            blocks += self.prefix_cache.release_entries(request)
+        self.budget.give(blocks)
+
+    def detach(self, request: Request) -> bool:
+        """Take a running decode out of the batch to move it elsewhere (between steps): its
+        blocks are held as after a prefill until `release_handoff`. False if it is not
+        decoding here (still prefilling, queued, or finished)."""
+        if request.request_id not in self.running:
+            return False
+        self._drop_running(request)
+        self.handoffs.hold(request)
+        return True
+
+    # ---- KV coming in ----
+    def enqueue_transfer_in(self, request: Request) -> None:
+        self.handoffs.queue_transfer(request)
+
+    def admit_transfers(self) -> list[Request]:
+        """Reserve blocks for queued transfers, FCFS; returns those that may start now."""
+        started: list[Request] = []
+        queue = self.transfer_queue
+        while queue:
+            request = queue[0]
+            total = blocks_for(request.sequence_tokens - 1)
+            history = self.history.history_blocks(request, total)  # only new KV comes in
+            if not self.budget.try_take(total - history, request.session_id):
+                break
+            self.handoffs.start_transfer()
+            if history:  # the history's own count, which may exceed the sequence's
+                self.budget.give(self.history.take_for_transfer(request) - history)
+            request.kv_blocks = total
+            started.append(request)
+        if self.prefix_cache is not None:
+            self.prefix_cache.trim(self.budget.free_blocks)
+        return started
+
+    def transfer_done(self, request: Request) -> None:
+        self.handoffs.transfer_done(request)
+
+    # ---- session history (AMPD) ----
+    def history_reads_due(self) -> list[Request]:
+        """Remote session rounds whose history read the driver should start now."""
+        return self.history.reads_due(self.prefills)
+
+    def history_read_done(self, request: Request) -> None:
+        self.history.read_done(request)
+
+    def adopt_history(self, session_id: int, tokens: int, blocks: int) -> bool:
+        """Hold a session's history copied in from another instance (live remote
+        prefills); False when there is no room for it."""
+        if not self.budget.try_take(blocks, session_id):
+            return False
+        self.budget.give(self.sessions.store(session_id, tokens, blocks))
+        return True
+
+    def drop_session_history(self, session_id: int) -> int:
+        """Forget a session's kept history (its next round goes elsewhere, or copying it
+        in failed); returns the blocks freed."""
+        freed = self.sessions.drop(session_id)
+        self.budget.give(freed)
+        return freed
+
+    def trim_session_history(self, session_id: int, tokens: int) -> int:
+        """Keep only the first `tokens` of a session's history (0: forget it), as far as a
+        live engine reuses it; returns the blocks freed."""
+        freed = self.sessions.trim(session_id, tokens)
+        self.budget.give(freed)
+        return freed

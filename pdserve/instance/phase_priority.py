@@ -7,17 +7,12 @@
                  steps where no prefill can
 FlowKV's global controller switches an idle instance's priority to the overloaded phase for
 a number of scheduling cycles (Alg. 1, imbalanced load) with a `SetPhasePriority` action.
+The local scheduler reads its `phase_priority` when it plans a step.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
-
-from pdserve.types import attn_units
-
-if TYPE_CHECKING:
-    from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 
 
 class PhasePriority(enum.Enum):
@@ -31,22 +26,3 @@ def parse_phase_priority(value: str) -> PhasePriority:
     except ValueError:
         known = ", ".join(p.value for p in PhasePriority)
         raise ValueError(f"phase priority must be one of {known}, got {value!r}") from None
-
-
-def prefill_only_plan(local: LocalScheduler) -> BatchPlan | None:
-    """A prefill-first step: prefill chunks over the whole token budget, no decode; None
-    when no prefill can run now (nothing queued, memory, batch cap), so decodes run."""
-    from pdserve.instance.local_scheduler import BatchPlan
-
-    if not len(local.prefills):
-        return None
-    chunks = local._plan_chunks(local.chunk_size_tokens, True)
-    if not chunks:
-        return None
-    plan = BatchPlan([], chunks)
-    if local._preempted_pending:
-        plan.preempted, local._preempted_pending = local._preempted_pending, []
-    for request, tokens in chunks:
-        plan.prefill_tokens += tokens
-        plan.prefill_attn_units += attn_units(tokens, request.prefilled_tokens)
-    return plan

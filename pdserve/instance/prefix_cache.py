@@ -19,11 +19,15 @@ another request cached meanwhile stops the chain: the first copy stays). A reque
 ends, is preempted or hands its KV off releases its entries, tail first, so a chain's tail
 is evicted before its head.
 
-Hooks the local scheduler calls: `reuse_prefix` (admission), `donate_prefix` (prefill
-done), `release_prefix` (its KV freed), `PrefixCache.trim` (after a plan takes memory,
-and before a lookup). A multi-step span reserves its later steps' blocks at once, so it
-evicts when it starts what a step-by-step run evicts step by step (or, if the span is cut,
-not at all): the one place the simulator's fast advance can differ from a step-by-step run.
+What the local scheduler calls: `reuse` (admission), `donate` (prefill done),
+`release_entries` (its KV freed), `trim` (after a plan takes memory, and before a lookup).
+The cache counts entries, not free memory: `reuse` and `release_entries` return the blocks
+that leave or join the free pool, and the local scheduler hands them to its `KVBudget`
+(`instance/kv_budget.py`), the only writer of the free-block count.
+
+A multi-step span reserves its later steps' blocks at once, so it evicts when it starts
+what a step-by-step run evicts step by step (or, if the span is cut, not at all): the one
+place the simulator's fast advance can differ from a step-by-step run.
 An owner of real block ids (the engine, the simulator's block table) follows the cache with
 `CachedBlockIds` and the events it records (`track_events`).
 """
@@ -32,12 +36,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from pdserve.types import KV_BLOCK_TOKENS, Request
-
-if TYPE_CHECKING:
-    from pdserve.instance.local_scheduler import LocalScheduler
 
 
 def usable_hit_blocks(hit_blocks: int, input_tokens: int, block_tokens: int) -> int:
@@ -128,51 +128,43 @@ class PrefixCache:
         self.evicted, self.donated = [], []
         return events
 
+    # ---- a request's entries (the local scheduler's calls) ----
+    def reuse(self, request: Request, free_blocks: int) -> tuple[int, int]:
+        """At admission: reference the cached entries the prompt starts with (after
+        trimming to `free_blocks`), recorded in `request.cached_blocks`. Returns (entries
+        hit, KV blocks that leave the free pool); the prefill skips the hit entries' tokens.
+        Only for a request with `hash_ids` that references nothing yet and has computed
+        nothing."""
+        self.trim(free_blocks)
+        self.lookup_tokens_total += request.prefill_target_tokens
+        hits = usable_hit_blocks(self.lookup(request.hash_ids), request.prefill_target_tokens,
+                                 self.block_tokens)
+        if not hits:
+            return 0, 0
+        taken = self.acquire(request.hash_ids[:hits])
+        request.cached_blocks = hits
+        self.hit_tokens_total += hits * self.block_tokens
+        return hits, taken
 
-# ---- local scheduler hooks ----
+    def donate(self, request: Request) -> None:
+        """Prefill done: the prompt's full blocks join the cache, still used by `request`."""
+        if not request.hash_ids:
+            return
+        full = min(len(request.hash_ids), request.input_tokens // self.block_tokens)
+        while request.cached_blocks < full and self.insert(request.hash_ids[request.cached_blocks]):
+            if self.track_events:
+                self.donated.append((request.request_id, request.cached_blocks,
+                                     request.hash_ids[request.cached_blocks]))
+            request.cached_blocks += 1
 
-def reuse_prefix(local: LocalScheduler, request: Request) -> None:
-    """At admission: reference the cached blocks of the prompt's prefix, skip computing
-    them."""
-    cache = local.prefix_cache
-    if cache is None or not request.hash_ids or request.cached_blocks \
-            or request.prefilled_tokens:
-        return
-    cache.trim(local.free_blocks)
-    cache.lookup_tokens_total += request.prefill_target_tokens
-    hits = usable_hit_blocks(cache.lookup(request.hash_ids), request.prefill_target_tokens,
-                             cache.block_tokens)
-    if not hits:
-        return
-    local.free_blocks -= cache.acquire(request.hash_ids[:hits])
-    request.cached_blocks = hits
-    request.kv_blocks += hits * cache.kv_blocks_per_entry
-    local.prefills.skip(request, hits * cache.block_tokens)
-    cache.hit_tokens_total += hits * cache.block_tokens
-
-
-def donate_prefix(local: LocalScheduler, request: Request) -> None:
-    """Prefill done: the prompt's full blocks join the cache, still used by `request`."""
-    cache = local.prefix_cache
-    if cache is None or not request.hash_ids:
-        return
-    full = min(len(request.hash_ids), request.input_tokens // cache.block_tokens)
-    while request.cached_blocks < full and cache.insert(request.hash_ids[request.cached_blocks]):
-        if cache.track_events:
-            cache.donated.append((request.request_id, request.cached_blocks,
-                                  request.hash_ids[request.cached_blocks]))
-        request.cached_blocks += 1
-
-
-def release_prefix(local: LocalScheduler, request: Request) -> None:
-    """The request's KV was freed (its blocks counted as freed): the cached ones are not
-    its own, so take them back and release its references instead."""
-    cache = local.prefix_cache
-    if cache is None or not request.cached_blocks:
-        return
-    local.free_blocks -= request.cached_blocks * cache.kv_blocks_per_entry
-    local.free_blocks += cache.release(request.hash_ids[:request.cached_blocks])
-    request.cached_blocks = 0
+    def release_entries(self, request: Request) -> int:
+        """The request's KV is freed, all its `kv_blocks` counted as free: the cached ones
+        are not its own, so they are taken back and its references released instead.
+        Returns that change to the free blocks: minus its entries' blocks, plus those of
+        the entries no request uses now."""
+        cached = request.cached_blocks
+        request.cached_blocks = 0
+        return self.release(request.hash_ids[:cached]) - cached * self.kv_blocks_per_entry
 
 
 def chain_hashes(token_ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:

@@ -44,7 +44,13 @@ class SegmentAllocator:
         self._start_ending_at: dict[int, int] = {num_blocks: 0}  # end (exclusive) -> start
         self._by_length: list[tuple[int, int]] = [(num_blocks, 0)]  # sorted (length, start)
         self._in_use = bytearray(num_blocks)
-        self.free_blocks = num_blocks
+        self._free_id_count = num_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        """Block ids not allocated (this pool's; a local scheduler's count is its
+        `KVBudget`'s)."""
+        return self._free_id_count
 
     # ---- segments ----
     def _add_segment(self, start: int, length: int) -> None:
@@ -64,7 +70,7 @@ class SegmentAllocator:
         if length > count:
             self._add_segment(start + count, length - count)
         self._in_use[start:start + count] = b"\x01" * count
-        self.free_blocks -= count
+        self._free_id_count -= count
         return list(range(start, start + count))
 
     def _best_fit(self, count: int) -> int | None:
@@ -76,8 +82,8 @@ class SegmentAllocator:
     # ---- public ----
     def allocate(self, count: int, after: int | None = None) -> list[int]:
         """`count` free blocks, continuing the run that ends at block `after` if possible."""
-        if count > self.free_blocks:
-            raise MemoryError(f"need {count} KV blocks, {self.free_blocks} free")
+        if count > self._free_id_count:
+            raise MemoryError(f"need {count} KV blocks, {self._free_id_count} free")
         blocks: list[int] = []
         if after is not None and count and (after + 1) in self._length_at:
             blocks += self._take(after + 1, min(count, self._length_at[after + 1]))
@@ -95,7 +101,7 @@ class SegmentAllocator:
                 block = start + self._in_use.index(0, start, start + length)
                 raise ValueError(f"block {block} is not allocated")
             self._in_use[start:start + length] = bytes(length)
-            self.free_blocks += length
+            self._free_id_count += length
             if start in self._start_ending_at:  # merge with the free segment before
                 before = self._start_ending_at[start]
                 length += self._remove_segment(before)
@@ -108,7 +114,7 @@ class SegmentAllocator:
         return not self._in_use[block]
 
     def fragmentation(self) -> Fragmentation:
-        return Fragmentation(self.free_blocks, len(self._length_at),
+        return Fragmentation(self._free_id_count, len(self._length_at),
                              self._by_length[-1][0] if self._by_length else 0)
 
 

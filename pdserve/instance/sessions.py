@@ -24,10 +24,12 @@ it keeps).
             it reserves blocks beyond the history's (`history_blocks`, `take_for_transfer`) and
             records how many tokens it found (`transfer_reused_tokens`, for the driver's
             byte count)
-  pressure  before preempting or refusing work, the scheduler evicts history (`reclaim`)
+  pressure  before preempting or refusing work, the KV budget evicts history (`reclaim`,
+            the budget's reclaim hook)
 
-Both only count blocks: the local scheduler owns the free-block count and adds back what
-the methods return.
+Both only count blocks: the methods return the blocks they free or hand over, and the local
+scheduler gives them to its `KVBudget` (`instance/kv_budget.py`), the only writer of the
+free-block count.
 """
 
 from __future__ import annotations
@@ -183,11 +185,12 @@ class SessionHistory:
     def read_done(self, request: Request) -> None:
         self.reads.pop(request.request_id, None)
 
-    def reclaim(self, blocks_needed: int, free_blocks: int, keep_session: int = -1) -> int:
-        """Blocks freed by evicting history (LRU, idle first) so `blocks_needed` fit."""
-        if blocks_needed <= free_blocks or not len(self.cache):
+    def reclaim(self, blocks_short: int, keep_session: int = -1) -> int:
+        """Blocks freed by evicting history (LRU, idle first) to make up `blocks_short`;
+        the `KVBudget`'s reclaim hook."""
+        if not len(self.cache):
             return 0
-        return self.cache.evict(blocks_needed - free_blocks, keep_session)
+        return self.cache.evict(blocks_short, keep_session)
 
     def history_blocks(self, request: Request, total_blocks: int) -> int:
         """Blocks of an incoming hand-off the history here already holds."""

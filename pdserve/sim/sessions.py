@@ -154,8 +154,5 @@ class SimSessions:
             transfers.read_history(request, instance.local.instance_id, num_bytes)
 
     def _drop_at_home(self, request: Request) -> None:
-        home = self.locals[request.home_instance]
-        freed = home.sessions.drop(request.session_id)
-        if freed:
-            home.free_blocks += freed
+        if self.locals[request.home_instance].drop_session_history(request.session_id):
             self.on_freed(request.home_instance)

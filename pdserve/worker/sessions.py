@@ -30,7 +30,7 @@ class WorkerSessions:
         local.sessions.on_evict = engine.sessions.drop  # an eviction frees the real KV
 
     def count_reuse(self, session_id: int, reused_tokens: int) -> None:
-        self.local.free_blocks += self.local.sessions.trim(session_id, reused_tokens)
+        self.local.trim_session_history(session_id, reused_tokens)
 
     def agree_with(self, session_id: int, handoff: KVHandoff) -> None:
         sessions = self.engine.sessions
@@ -48,7 +48,7 @@ class WorkerSessions:
 
     def drop(self, session_id: int) -> None:
         """Forget a kept history (the session moved on elsewhere), in both views."""
-        self.local.free_blocks += self.local.sessions.drop(session_id)
+        self.local.drop_session_history(session_id)
         self.engine.sessions.drop(session_id)
 
     def unlock(self, session_id: int) -> None:
@@ -64,7 +64,7 @@ class WorkerSessions:
             self.engine.import_history(history, self.peer(history.pool_name))
         except Exception:  # noqa: BLE001 - e.g. the sender's pool is gone
             traceback.print_exc()
-            self.local.free_blocks += self.local.sessions.drop(history.session_id)
+            self.local.drop_session_history(history.session_id)
             self.engine.sessions.drop(history.session_id)
             return 0
         return tokens
