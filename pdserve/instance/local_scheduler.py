@@ -185,13 +185,13 @@ class LocalScheduler:
 
     def _plan(self, max_steps: int) -> BatchPlan | None:
         self._join_ready()
-        decodes: list[Request] = []
-        chunks: list[tuple[Request, int]] = []
-        if self.phase_priority is PhasePriority.PREFILL_FIRST:
-            chunks = self._prefill_first_chunks()
-        context_tokens = 0
-        admit_waiting = True
-        if not chunks:  # decode first
+        chunks = self._prefill_first_chunks() \
+            if self.phase_priority is PhasePriority.PREFILL_FIRST else None
+        if chunks:  # prefill first, and a prefill can run
+            decodes: list[Request] = []
+            context_tokens = 0
+            admit_waiting = True
+        else:  # decode first
             preemptions_before = self.preemptions_total
             self._grow_decodes()
             decodes = list(self.running.values())
@@ -233,6 +233,8 @@ class LocalScheduler:
             self.running_tokens += request.sequence_tokens
 
     def _grow_decodes(self) -> None:
+        if not self.running:
+            return
         running = self.running.values()
         needs = [-(-(r.input_tokens + r.generated_tokens) // KV_BLOCK_TOKENS) - r.kv_blocks
                  for r in running]
