@@ -195,8 +195,10 @@ def test_unknown_fields_are_ignored(server):
 def test_model_by_id(server):
     base, _ = server
     card = httpx.get(f"{base}/v1/models/tiny", timeout=10).json()
-    assert card == {"id": "tiny", "object": "model", "created": 0, "owned_by": "pdserve",
+    created = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["created"]
+    assert card == {"id": "tiny", "object": "model", "created": created, "owned_by": "pdserve",
                     "max_model_len": CONTEXT, "chat_template": "generic"}
+    assert created > 1_700_000_000  # the server's start, not 0
     missing = httpx.get(f"{base}/v1/models/gpt-4o", timeout=10)
     assert missing.status_code == 404
     assert missing.json()["error"]["type"] == "not_found_error"
@@ -293,3 +295,55 @@ def test_official_client_with_n_logprobs_and_streaming_chat(server):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
     assert any(c.choices and c.choices[0].logprobs for c in chunks)
 
+
+
+# ---- issue 27: vLLM's routes agree with the completions; small gaps ----
+
+def test_tokenize_counts_what_a_completion_and_a_chat_count(server):
+    base, _ = server
+    text = "The quick brown fox jumps"
+    counted = httpx.post(f"{base}/tokenize", json={"model": "tiny", "prompt": text},
+                         timeout=30).json()
+    assert counted["max_model_len"] == CONTEXT
+    assert complete(base, prompt=text, max_tokens=1)["usage"]["prompt_tokens"] == \
+        counted["count"]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    chat_count = httpx.post(f"{base}/tokenize", json={"messages": messages},
+                            timeout=30).json()["count"]
+    assert chat(base, messages=messages, max_tokens=1)["usage"]["prompt_tokens"] == chat_count
+
+
+def test_chat_logprobs_leave_out_the_end_of_turn_token(server):
+    """OpenAI's chat logprobs end with the answer's last token, not the end of turn."""
+    base, _ = server
+    [eos] = TOKENIZER.eos_token_ids
+    fields = dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=8, min_tokens=3,
+                  temperature=0, logit_bias={str(eos): 100}, logprobs=True, top_logprobs=2)
+    whole = chat(base, **fields)
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    content = choice["logprobs"]["content"]
+    assert len(content) == 3  # min_tokens, then the end of turn: not listed
+    assert all(entry["token"] != "<|end_of_text|>" for entry in content)
+    text = bytes(b for entry in content for b in entry["bytes"]).decode("utf-8", "replace")
+    assert text == choice["message"]["content"]
+    chunks = sse(base, "/v1/chat/completions", **fields)
+    streamed = [entry for c in chunks for item in c["choices"]
+                if item.get("logprobs") for entry in item["logprobs"]["content"]]
+    assert streamed == content
+    completion = complete(base, prompt="Hi", max_tokens=8, min_tokens=3, temperature=0,
+                          logit_bias={str(eos): 100}, logprobs=1)
+    assert len(completion["choices"][0]["logprobs"]["tokens"]) == 4  # completions keep it
+
+
+def test_more_stop_strings_than_openai_allows_work_up_to_a_named_limit(server):
+    base, _ = server
+    stops = [f"zz{i}" for i in range(20)]  # 17+ were refused as "not a valid string"
+    assert complete(base, prompt="Hi", max_tokens=2, stop=stops)["choices"]
+    for stop, needle in (([f"s{i}" for i in range(65)], "at most 64 stop strings"),
+                         (["x" * 257], "at most 256 characters")):
+        response = httpx.post(f"{base}/v1/completions", timeout=30, json={
+            "model": "tiny", "prompt": "Hi", "stop": stop})
+        assert response.status_code == 400
+        assert needle in response.json()["error"]["message"]
+        assert response.json()["error"]["param"].startswith("stop")

@@ -124,3 +124,38 @@ def test_partial_utf8_tokens_show_as_bytes():
     tokens = formatter.take()["tokens"]
     assert all(t.startswith("bytes:\\x") for t in tokens)
     assert "".join(tokens) == "bytes:\\xe2" + "bytes:\\x80" + "bytes:\\x94"
+
+
+EOS = TOKENIZER.eos_token_ids[0]
+
+
+def chat_reply(script: list[tuple[str, object]], stream: bool) -> Response:
+    response = reply([script], chat=True, stream=stream)
+    response.choices[0].logprobs = LogprobFormatter(TOKENIZER, True, end_tokens=(EOS,))
+    return response
+
+
+@pytest.mark.parametrize("tail", ["", " b"])  # text held back may be released after the EOS
+def test_chat_logprobs_leave_out_the_end_of_turn_that_stopped_the_answer(tail):
+    script = [("logprob", Entry(A, -0.5, ())), ("text", " a"),
+              ("logprob", Entry(B, -0.2, ())), ("logprob", Entry(EOS, -0.1, ())),
+              *([("text", tail)] if tail else []), ("done", "stop")]
+    body = asyncio.run(chat_reply(script, stream=False).whole())
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [entry["token"] for entry in content] == [" a", " b"]
+    chunks = collect(chat_reply(script, stream=True))
+    streamed = [entry for c in chunks for choice in c["choices"] if choice["logprobs"]
+                for entry in choice["logprobs"]["content"]]
+    assert streamed == content
+
+
+def test_an_end_of_turn_token_that_did_not_end_the_answer_is_listed():
+    """With ignore_eos the turn goes on past an EOS, and one may be the last token allowed."""
+    script = [("logprob", Entry(EOS, -3.0, ())), ("logprob", Entry(A, -0.5, ())),
+              ("text", " a"), ("logprob", Entry(EOS, -2.0, ())), ("done", "length")]
+    body = asyncio.run(chat_reply(script, stream=False).whole())
+    assert [entry["logprob"] for entry in body["choices"][0]["logprobs"]["content"]] == [
+        -3.0, -0.5, -2.0]
+    only_eos = [("logprob", Entry(EOS, -0.1, ())), ("done", "stop")]
+    body = asyncio.run(chat_reply(only_eos, stream=False).whole())
+    assert body["choices"][0]["logprobs"] == {"content": []}

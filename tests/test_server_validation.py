@@ -10,7 +10,15 @@ import time
 
 import httpx
 import pytest
+from conftest import make_perf
+from fastapi.testclient import TestClient
 from server_helpers import running_server
+
+from pdserve.config import serve_defaults
+from pdserve.engine.tokenizer import TextTokenizer
+from pdserve.server.errors import APIError
+from pdserve.server.launch import build_app
+from pdserve.server.validation import Limits, completion_prompts
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -183,3 +191,57 @@ def test_a_non_streaming_client_that_leaves_cancels_its_request(server):
         time.sleep(0.1)
     assert driver.metrics.counters["cancellations"] >= before + 2
     assert not driver.live
+
+
+# ---- issue 27: a list of prompts is checked prompt by prompt ----
+
+def counting_tokenizer(monkeypatch, tokenizer: TextTokenizer) -> list[int]:
+    """Characters of each text `tokenizer` encodes from now on."""
+    encoded: list[int] = []
+    original = tokenizer.encode_batch
+
+    def encode_batch(texts: list[str]) -> list[list[int]]:
+        encoded.extend(len(text) for text in texts)
+        return original(texts)
+
+    monkeypatch.setattr(tokenizer, "encode_batch", encode_batch)
+    return encoded
+
+
+def test_each_prompt_is_checked_against_the_context_as_soon_as_it_is_tokenised(monkeypatch):
+    tokenizer = TextTokenizer.shipped()
+    encoded = counting_tokenizer(monkeypatch, tokenizer)
+    limits = Limits(context_tokens=8192, vocab_size=tokenizer.vocab_size)
+    too_long = "é" * 100_000  # under the cheap bound (8176 x 68 characters): tokenised
+    prompts = ["fine", too_long, *["also fine"] * 10]
+    with pytest.raises(APIError) as refused:
+        completion_prompts(prompts, tokenizer, limits, max_tokens=16)
+    assert refused.value.status == 400
+    assert refused.value.message.startswith("prompt.1 (")
+    assert "exceeds the context length 8192" in refused.value.message
+    assert encoded == [4, 100_000]  # the prompts after it were never tokenised
+    encoded.clear()
+    beyond = "x" * (8176 * tokenizer.max_token_bytes + 1)  # cannot fit: never tokenised
+    with pytest.raises(APIError, match="prompt.2: .* characters cannot fit the context"):
+        completion_prompts(["a", "b", beyond], tokenizer, limits, max_tokens=16)
+    assert encoded == []
+
+
+def test_a_request_of_many_long_prompts_is_refused_after_tokenising_one(tmp_path,
+                                                                       monkeypatch):
+    """Issue 27: 12 prompts of 0.66 MB were all tokenised (5.6 s of CPU) before the refusal."""
+    perf = tmp_path / "perf.json"
+    make_perf().save(perf)
+    client = TestClient(build_app(serve_defaults().with_values({
+        "engine.weights": "tiny", "perf.profile": str(perf), "cluster.instances": 1})))
+    encoded = counting_tokenizer(monkeypatch, client.app.state.driver.tokenizer)
+    prompts = ["é" * 330_000] * 12  # 7.9 MB of body; each prompt under the cheap bound
+    started = time.monotonic()
+    raw = json.dumps({"model": "tiny", "prompt": prompts}, ensure_ascii=False).encode()
+    response = client.post(COMPLETIONS, content=raw,
+                           headers={"content-type": "application/json"})
+    elapsed = time.monotonic() - started
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("prompt.0 (")
+    assert encoded == [330_000]
+    print(f"refused after {elapsed:.2f}s")

@@ -1,44 +1,66 @@
 """The OpenAI-compatible HTTP API over a `LiveDriver`.
 
 /v1/completions and /v1/chat/completions (server-sent events when `stream`), /v1/models and
-/v1/models/{id}, /health (200/503 from the driver's status), /metrics (Prometheus text).
+/v1/models/{id} (`created`: when the server started), vLLM's /tokenize and /detokenize
+(`tokenization.py`), /version, /ping (GET and POST: 200 while a worker can serve, else
+503), /health (200/503 from the driver's status), /metrics (Prometheus text).
 Bodies are read under a size limit and parsed, validated and tokenised in a worker thread
 (`prepare.py`), so one huge or malformed request cannot stall other streams; every error is
-an OpenAI-style JSON body (`errors.py`). The request schemas are documented in
-`/openapi.json` while the routes parse them strictly themselves (400s, never 422).
+an OpenAI-style JSON body (`errors.py`); unknown body fields are counted and logged within
+bounds (`unknown_fields.py`). `/openapi.json` documents every route's request and responses
+(`openapi.py`) while the routes parse bodies strictly themselves (400s, never 422).
+
+The API key, when set, guards every route that takes a body or names the model: /v1/*,
+/tokenize and /detokenize. /health, /ping, /version and /metrics stay open, as vLLM leaves
+them (its key middleware only guards paths under /v1): load balancers and scrapers probe
+them without credentials, and they reveal nothing a request could not. vLLM leaves /tokenize
+and /detokenize open too; pdserve guards them, because they take a body and cost CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel
 
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.live.driver import LiveDriver, LiveRequest, Overloaded
+from pdserve.live.server_metrics import Family
+from pdserve.server import openapi
 from pdserve.server.body import read_body
 from pdserve.server.errors import APIError, install_error_handlers
 from pdserve.server.logprobs import LogprobFormatter
+from pdserve.server.openapi import request_body, responses
 from pdserve.server.prepare import Prepared, prepare_chat, prepare_completion
 from pdserve.server.responses import Choice
 from pdserve.server.responses import Response as Reply
-from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest, prompt_schema
+from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
 from pdserve.server.sessions import session_key
+from pdserve.server.tokenization import DetokenizeRequest, detokenize, tokenize
+from pdserve.server.unknown_fields import UnknownFields
 from pdserve.server.validation import Limits
 
 log = logging.getLogger("pdserve.server")
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is there
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("pdserve")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
 
 
 @dataclass(frozen=True)
@@ -52,19 +74,16 @@ class ServerSettings:
     url: str = ""  # where it listens, for the start-up log line
 
 
-def _documented(model: type[BaseModel]) -> dict[str, Any]:
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    errors = {str(code): {"description": text, "content": {"application/json": {}}}
-              for code, text in ((400, "invalid request"), (401, "bad API key"),
-                                 (404, "unknown model"), (413, "body too large"),
-                                 (429, "overloaded"), (503, "no worker can serve"))}
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": ref}}}, "responses": errors}
-
-
-def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
+def create_app(driver: LiveDriver, settings: ServerSettings,
+               unknown_fields: UnknownFields | None = None) -> FastAPI:
+    """The app over `driver`; `unknown_fields` counts and logs ignored body fields (a new
+    bounded one by default)."""
     limits = Limits(settings.context_tokens, settings.vocab_size)
     name = settings.model_name
+    created_s = int(time.time())  # the models' `created`: when this server started
+    version = package_version()
+    unknown = unknown_fields if unknown_fields is not None else UnknownFields()
+    tokenizer, template = driver.tokenizer, settings.chat_template
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -79,44 +98,33 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
         yield
         await driver.close()
 
-    app = FastAPI(title="pdserve", lifespan=lifespan)
+    app = FastAPI(title="pdserve", version=version, lifespan=lifespan)
     app.state.driver = driver
+    app.state.unknown_fields = unknown
     install_error_handlers(app)
 
-    def openapi() -> dict[str, Any]:
+    def contract() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title="pdserve", version="0.1.0", routes=app.routes)
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for name_ in ("HTTPValidationError", "ValidationError"):  # never answered: 400s
-                components.pop(name_, None)
-            for path in schema.get("paths", {}).values():
-                for operation in path.values():
-                    operation.get("responses", {}).pop("422", None)
-            for model in (CompletionRequest, ChatCompletionRequest):
-                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                components.update(body.pop("$defs", {}))
-                body["properties"]["model"]["enum"] = [name]  # the one model served
-                if model is CompletionRequest:
-                    body["properties"]["prompt"] = prompt_schema(settings.vocab_size)
-                components[model.__name__] = body
-            app.openapi_schema = schema
+            app.openapi_schema = openapi.document(app, name, settings.vocab_size, version)
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = contract  # type: ignore[method-assign]
 
     def check_key(request: Request) -> None:
-        if settings.api_key and (request.headers.get("authorization")
-                                 != f"Bearer {settings.api_key}"):
+        if settings.api_key and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(),
+                f"Bearer {settings.api_key}".encode()):
             raise APIError(401, "invalid or missing API key", kind="authentication_error")
 
     def admit(prepared: Prepared, chat: bool, session: str = "") -> list[Choice]:
         choices: list[Choice] = []
+        end_tokens = tokenizer.eos_token_ids if chat else ()
         try:
             for index, params in enumerate(prepared.params):
                 prompt = prepared.prompt_of(index)
                 live: LiveRequest = driver.submit(prepared.prompts[prompt], params, session)
                 echo = prepared.echo_texts[prompt] if prepared.echo_texts else ""
-                formatter = (LogprobFormatter(driver.tokenizer, chat, len(echo))
+                formatter = (LogprobFormatter(tokenizer, chat, len(echo), end_tokens)
                              if prepared.logprobs else None)
                 choices.append(Choice(index, live, formatter, echo))
         except Overloaded as err:
@@ -142,47 +150,98 @@ def create_app(driver: LiveDriver, settings: ServerSettings) -> FastAPI:
                 raise APIError(499, "the client closed the connection")
         return JSONResponse(whole.result())
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        check_key(request)
-        return {"object": "list", "data": [model_card()]}
+    def model_card() -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created_s, "owned_by": "pdserve",
+                "max_model_len": settings.context_tokens,
+                "chat_template": template.origin}  # "generic" when none
 
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str, request: Request) -> dict[str, Any]:
+    @app.get("/v1/models", response_model=None,
+             responses=responses(401, ok=openapi.ModelList, ok_description="the served model"))
+    async def models(request: Request) -> JSONResponse:
+        check_key(request)
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}", response_model=None,
+             responses=responses(401, 404, ok=openapi.ModelCard))
+    async def model(model_id: str, request: Request) -> JSONResponse:
         check_key(request)
         if model_id != name:
             raise APIError(404, f"model {model_id!r} does not exist; this server serves "
                            f"{name!r}", "model", "not_found_error")
-        return model_card()
+        return JSONResponse(model_card())
 
-    def model_card() -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "pdserve",
-                "max_model_len": settings.context_tokens,
-                "chat_template": settings.chat_template.origin}  # "generic" when none
-
-    @app.get("/health")
+    @app.get("/health", response_model=None, responses={
+        200: {"description": "a worker can serve", "model": openapi.Health},
+        503: {"description": "no worker can serve", "model": openapi.Health}})
     async def health() -> JSONResponse:
         status = driver.health()
         return JSONResponse(status, status_code=200 if status["status"] == "ok" else 503)
 
-    @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(driver.metrics_text())
+    async def ping() -> Response:
+        """vLLM's /ping (SageMaker's probe): its /health, an empty 200 while serving."""
+        if driver.health()["status"] != "ok":
+            raise APIError(503, "no worker can serve", kind="server_error")
+        return Response(status_code=200)
 
-    @app.post("/v1/completions", openapi_extra=_documented(CompletionRequest))
+    ping_doc = responses(503, ok_description="a worker can serve (no body)")
+    for method in (app.get, app.post):
+        method("/ping", response_class=Response, responses=ping_doc)(ping)
+
+    @app.get("/version", response_model=None, responses=responses(ok=openapi.VersionResponse))
+    async def version_route() -> JSONResponse:
+        return JSONResponse({"version": version})
+
+    @app.get("/metrics", response_class=PlainTextResponse, responses=responses(
+        media_type="text/plain", ok_description="Prometheus text exposition format"))
+    async def metrics() -> PlainTextResponse:
+        counts = unknown.counts()
+        own = Family("ignored_request_fields_total", "counter",
+                     "Unknown request-body fields ignored (every occurrence).",
+                     [({}, counts.total)])
+        text = driver.metrics_text().rstrip("\n") + "\n" + "\n".join(own.render()) + "\n"
+        return PlainTextResponse(text, media_type=PROMETHEUS_TEXT)
+
+    @app.post("/v1/completions", response_model=None,
+              responses=responses(400, 401, 404, 413, 429, 500, 503,
+                                  ok=openapi.CompletionResponse,
+                                  stream=openapi.CompletionChunk),
+              openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         check_key(request)
         body = await read_body(request, settings.max_body_bytes)
-        prepared = await asyncio.to_thread(prepare_completion, body, name, driver.tokenizer,
-                                           limits)
+        prepared = await asyncio.to_thread(prepare_completion, body, name, tokenizer, limits,
+                                           unknown)
         return await respond(request, prepared, chat=False)
 
-    @app.post("/v1/chat/completions", openapi_extra=_documented(ChatCompletionRequest))
+    @app.post("/v1/chat/completions", response_model=None,
+              responses=responses(400, 401, 404, 413, 429, 500, 503,
+                                  ok=openapi.ChatCompletionResponse,
+                                  stream=openapi.ChatCompletionChunk),
+              openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         check_key(request)
         body = await read_body(request, settings.max_body_bytes)
-        prepared = await asyncio.to_thread(prepare_chat, body, name, driver.tokenizer, limits,
-                                           settings.chat_template)
+        prepared = await asyncio.to_thread(prepare_chat, body, name, tokenizer, limits,
+                                           template, unknown)
         return await respond(request, prepared, chat=True)
+
+    @app.post("/tokenize", response_model=None,
+              responses=responses(400, 401, 404, 413, ok=openapi.TokenizeResponse),
+              openapi_extra=request_body(openapi.TOKENIZE_REQUEST))
+    async def tokenize_route(request: Request) -> Response:
+        check_key(request)
+        body = await read_body(request, settings.max_body_bytes)
+        answer = await asyncio.to_thread(tokenize, body, name, tokenizer, limits, template,
+                                         unknown)
+        return Response(answer, media_type="application/json")
+
+    @app.post("/detokenize", response_model=None,
+              responses=responses(400, 401, 404, 413, ok=openapi.DetokenizeResponse),
+              openapi_extra=request_body(DetokenizeRequest))
+    async def detokenize_route(request: Request) -> Response:
+        check_key(request)
+        body = await read_body(request, settings.max_body_bytes)
+        answer = await asyncio.to_thread(detokenize, body, name, tokenizer, limits, unknown)
+        return Response(answer, media_type="application/json")
 
     return app

@@ -60,9 +60,10 @@ def flatten_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     return flat
 
 
-def render_chat(template: ChatTemplate, messages: list[dict[str, str]]) -> str:
+def render_chat(template: ChatTemplate, messages: list[dict[str, str]],
+                add_generation_prompt: bool = True) -> str:
     """The prompt text for `messages`; a template's refusal is the client's 400."""
     try:
-        return template.render(messages)
+        return template.render(messages, add_generation_prompt)
     except TemplateRefusal as err:
         raise APIError(400, f"messages: {err}", "messages") from err

@@ -42,6 +42,12 @@ def error_body(message: str, kind: str, param: str | None = None,
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def shown_path(path: str) -> str:
+    """A client-chosen URL path as a log line may show it: cut, and escaped by `repr` (a
+    percent-encoded newline arrives decoded and would start a forged line)."""
+    return repr(path[:200])
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
@@ -69,6 +75,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, err: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        log.exception("unexpected error on %s %s", request.method,
+                      shown_path(request.url.path))
         return JSONResponse(error_body(f"internal server error: {type(err).__name__}",
                                        "server_error"), status_code=500)

@@ -5,6 +5,11 @@ best first). Completions: `{tokens, token_logprobs, top_logprobs, text_offset}`,
 each `top_logprobs` dict also holds the sampled token (as vLLM does). Chat:
 `{content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}`.
 A token that is only part of a UTF-8 character is shown as `bytes:\\xNN...`.
+
+Chat leaves out the end-of-turn token that ended the answer (`<|im_end|>`, the EOS), as
+OpenAI does: it is not part of the message. The formatter is given those token ids
+(`end_tokens`), holds such an entry back until it knows whether another token follows (with
+`ignore_eos` the turn goes on, and the entry is shown) or how the choice ended (`finish`).
 """
 
 from __future__ import annotations
@@ -15,14 +20,30 @@ from pdserve.engine.tokenizer import TextTokenizer
 
 
 class LogprobFormatter:
-    def __init__(self, tokenizer: TextTokenizer, chat: bool, text_offset: int = 0) -> None:
+    def __init__(self, tokenizer: TextTokenizer, chat: bool, text_offset: int = 0,
+                 end_tokens: tuple[int, ...] = ()) -> None:
         self.tokenizer, self.chat = tokenizer, chat
         self.text_offset = text_offset  # characters before the next token (echo included)
+        self.end_tokens = frozenset(end_tokens)  # left out when they end the choice
         self.pending: list[Any] = []
+        self._end: Any = None  # an end-of-turn entry held back
         self._strings: dict[int, tuple[str, list[int]]] = {}
 
     def add(self, entry: Any) -> None:
-        self.pending.append(entry)
+        if self._end is not None:  # the turn went on (ignore_eos): the token is output
+            self.pending.append(self._end)
+            self._end = None
+        if entry.token_id in self.end_tokens:
+            self._end = entry
+        else:
+            self.pending.append(entry)
+
+    def finish(self, reason: str) -> None:
+        """The choice ended with `reason`: an end-of-turn token that stopped it is left
+        out; one that was the last token allowed (`length`) is output."""
+        end, self._end = self._end, None
+        if end is not None and reason != "stop":
+            self.pending.append(end)
 
     def take(self) -> dict[str, Any] | None:
         """The pending entries in the response's format (None when there are none)."""
@@ -69,9 +90,9 @@ class LogprobFormatter:
 
 def merge(parts: list[dict[str, Any]], chat: bool) -> dict[str, Any] | None:
     """One logprobs object from the parts of a whole (non-streamed) response."""
-    if not parts:
-        return None
     if chat:
         return {"content": [item for part in parts for item in part["content"]]}
+    if not parts:
+        return None
     return {key: [item for part in parts for item in part[key]]
             for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}

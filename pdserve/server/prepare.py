@@ -15,15 +15,17 @@ from pdserve.server.body import parse_json_object
 from pdserve.server.chat_template import check_chat_unsupported, flatten_messages, render_chat
 from pdserve.server.errors import APIError
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
+from pdserve.server.unknown_fields import UnknownFields
 from pdserve.server.validation import (
     Limits,
     check_choices,
     check_completion_unsupported,
-    check_token_ids,
+    check_stop,
     completion_prompts,
-    encode_prompts,
+    encode_checked,
     max_tokens_for,
     parse_model,
+    refuse_output_beyond_context,
     sampling_params,
     split_prompts,
 )
@@ -60,22 +62,21 @@ def _stream_flags(body: CompletionRequest | ChatCompletionRequest) -> tuple[bool
 
 
 def prepare_completion(raw_body: bytes, served: str, tokenizer: TextTokenizer,
-                       limits: Limits) -> Prepared:
-    body: CompletionRequest = parse_model(parse_json_object(raw_body), CompletionRequest)
+                       limits: Limits, unknown: UnknownFields | None = None) -> Prepared:
+    body: CompletionRequest = parse_model(parse_json_object(raw_body), CompletionRequest,
+                                          unknown)
     _check_model(body.model, served)
     check_completion_unsupported(body)
     n = body.n or 1
     stream, include_usage, continuous = _stream_flags(body)
-    prompts = completion_prompts(body, tokenizer, limits)
-    check_choices(len(prompts), n)
+    originals = split_prompts(body.prompt)
+    check_choices(len(originals), n)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    params = []
-    for ids in prompts:
-        max_tokens_for(max_tokens, len(ids), limits, "max_tokens")
-        params += sampling_params(body, max_tokens, body.logprobs, limits)
+    per_prompt = sampling_params(body, max_tokens, body.logprobs, limits)  # before tokenising
+    prompts = completion_prompts(originals, tokenizer, limits, max_tokens)
+    params = per_prompt * len(prompts)  # choice p * n + i: sample i of prompt p
     echo = None
     if body.echo:
-        originals = split_prompts(body.prompt)
         echo = [text if isinstance(text, str) else tokenizer.decode(ids)
                 for text, ids in zip(originals, prompts, strict=True)]
     return Prepared(prompts, params, n, stream, include_usage, continuous, echo,
@@ -83,22 +84,21 @@ def prepare_completion(raw_body: bytes, served: str, tokenizer: TextTokenizer,
 
 
 def prepare_chat(raw_body: bytes, served: str, tokenizer: TextTokenizer, limits: Limits,
-                 template: ChatTemplate) -> Prepared:
+                 template: ChatTemplate, unknown: UnknownFields | None = None) -> Prepared:
     body: ChatCompletionRequest = parse_model(parse_json_object(raw_body),
-                                              ChatCompletionRequest)
+                                              ChatCompletionRequest, unknown)
     _check_model(body.model, served)
     check_chat_unsupported(body)
     n = body.n or 1
     stream, include_usage, continuous = _stream_flags(body)
-    text = render_chat(template, flatten_messages(body.messages))
-    [ids] = encode_prompts(tokenizer, [text], limits, "messages")
-    check_token_ids(ids, limits, "messages")
     check_choices(1, n)
-    if body.max_completion_tokens is not None:
-        max_tokens = max_tokens_for(body.max_completion_tokens, len(ids), limits,
-                                    "max_completion_tokens")
-    else:
-        max_tokens = max_tokens_for(body.max_tokens, len(ids), limits, "max_tokens")
+    check_stop(body.stop)  # the cheap checks before rendering and tokenising
+    text = render_chat(template, flatten_messages(body.messages))
+    limit, param = ((body.max_completion_tokens, "max_completion_tokens")
+                    if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens"))
+    refuse_output_beyond_context(limit, limits, param)
+    ids = encode_checked(tokenizer, text, limits, "messages", limit or 1)
+    max_tokens = max_tokens_for(limit, len(ids), limits, param)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, limits)
     return Prepared([ids], params, n, stream, include_usage, continuous, None,

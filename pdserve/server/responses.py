@@ -91,6 +91,8 @@ class Response:
                     choice.texts.append(value)
                     self._take_logprobs(choice)
                 elif kind == "done":
+                    if choice.logprobs is not None:
+                        choice.logprobs.finish(value)
                     self._take_logprobs(choice)
                 elif kind == "error":
                     status, kind_name = failure_of(choice.live)
@@ -152,6 +154,8 @@ class Response:
                 elif kind == "text":
                     yield self._chunk([self._delta(choice, value, None)], continuous)
                 elif kind == "done":
+                    if choice.logprobs is not None:
+                        choice.logprobs.finish(value)
                     yield self._chunk([self._delta(choice, None, value)], continuous)
                 elif kind == "error":
                     failure = error_body(f"request failed: {value}", failure_of(choice.live)[1])

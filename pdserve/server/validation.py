@@ -3,15 +3,17 @@
 Everything here runs in a worker thread (tokenisation releases the GIL), so a long prompt
 does not stall other streams. Every refusal is an `APIError(400)` naming the field:
 token ids outside the vocabulary, a prompt plus `max_tokens` beyond the context, seeds
-outside 0..2^63-1, unsupported fields (`tools`, `response_format` other than text,
-`suffix`, non-text content parts, `echo` with `logprobs`). Sampling values at the edge of
+outside 0..2^63-1, more stop strings than `MAX_STOP_STRINGS` (or longer ones than
+`MAX_STOP_CHARS`), unsupported fields (`tools`, `response_format` other than text,
+`suffix`, non-text content parts, `echo` with `logprobs`). Cheap checks come first: a text
+that cannot fit is refused before it is tokenised, and each prompt of a list is checked
+against the context as soon as it is tokenised. Sampling values at the edge of
 what the engine can compute are clamped: a temperature or `top_p` below `GREEDY_BELOW`
 means greedy, `top_k` of -1 or at least the vocabulary means off.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,14 +23,18 @@ from pydantic import BaseModel, ValidationError
 from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.server.errors import APIError
-from pdserve.server.schemas import MAX_SEED, ChatCompletionRequest, CompletionRequest
-
-log = logging.getLogger("pdserve.server")
+from pdserve.server.schemas import (
+    MAX_SEED,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from pdserve.server.unknown_fields import UnknownFields
 
 GREEDY_BELOW = 1e-5  # a temperature or top_p below this samples the most likely token
 MAX_CHOICES = 64  # prompts x n in one request
 _TOKEN_ID = re.compile(r"-?[0-9]{1,12}")
-_warned_fields: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -37,17 +43,15 @@ class Limits:
     vocab_size: int
 
 
-def parse_model(raw: dict[str, Any], schema: type[BaseModel]) -> Any:
+def parse_model(raw: dict[str, Any], schema: type[BaseModel],
+                unknown: UnknownFields | None = None) -> Any:
+    """`raw` as `schema`; its unknown fields are ignored, and counted by `unknown`."""
     try:
         body = schema.model_validate(raw)
     except ValidationError as err:
         raise schema_error(err) from err
-    extra = sorted(body.model_extra or {})
-    new = [name for name in extra if f"{schema.__name__}.{name}" not in _warned_fields]
-    if new:
-        _warned_fields.update(f"{schema.__name__}.{name}" for name in new)
-        log.warning("ignoring unknown %s field(s): %s (logged once per field)",
-                    schema.__name__, ", ".join(new))
+    if body.model_extra and unknown is not None:
+        unknown.note(schema.__name__, body.model_extra)
     return body
 
 
@@ -68,14 +72,33 @@ def _is_union_tag(part: object) -> bool:
         "str", "int", "float", "bool", "TextPart", "StreamOptions"})
 
 
-def encode_prompts(tokenizer: TextTokenizer, texts: list[str], limits: Limits,
-                   param: str) -> list[list[int]]:
-    """Tokenise; a text too long to fit the context is refused before tokenising it."""
-    for text in texts:
-        if len(text) > limits.context_tokens * tokenizer.max_token_bytes:
-            raise APIError(400, f"{param}: {len(text)} characters cannot fit the context of "
-                           f"{limits.context_tokens} tokens", param)
-    return tokenizer.encode_batch(texts)
+def encode_checked(tokenizer: TextTokenizer, text: str, limits: Limits, param: str,
+                   output_tokens: int) -> list[int]:
+    """`text` tokenised and checked (not empty, in the vocabulary); a text that cannot fit
+    beside `output_tokens` is refused before tokenising it (`refuse_unfit_text`)."""
+    refuse_unfit_text(text, tokenizer, limits, param, output_tokens)
+    [ids] = tokenizer.encode_batch([text])  # releases the GIL while it runs
+    check_token_ids(ids, limits, param)
+    return ids
+
+
+def refuse_unfit_text(text: str, tokenizer: TextTokenizer, limits: Limits, param: str,
+                      output_tokens: int) -> None:
+    """Refuse, without tokenising it, a text that cannot fit the context beside
+    `output_tokens`: a token stands for at most `max_token_bytes` bytes and a character is at
+    least one byte, so a text has at least len(text) / max_token_bytes tokens."""
+    room = max(limits.context_tokens - output_tokens, 1)
+    if len(text) > room * tokenizer.max_token_bytes:
+        raise APIError(400, f"{param}: {len(text)} characters cannot fit the context of "
+                       f"{limits.context_tokens} tokens beside {output_tokens} output tokens",
+                       param)
+
+
+def refuse_output_beyond_context(requested: int | None, limits: Limits, param: str) -> None:
+    """Refuse `requested` output tokens that leave no room for a prompt, before tokenising."""
+    if requested is not None and requested >= limits.context_tokens:
+        raise APIError(400, f"{param} ({requested}) plus a prompt of at least one token "
+                       f"exceeds the context length {limits.context_tokens}", param)
 
 
 def check_token_ids(ids: list[int], limits: Limits, param: str) -> None:
@@ -99,6 +122,20 @@ def _token_ids(value: Any) -> list[int] | None:
     return None
 
 
+def token_id_list(value: list[Any], limits: Limits, param: str) -> list[int]:
+    """`value` as token ids of the vocabulary (an empty list included), or a 400."""
+    ids = _token_ids(value)
+    if ids is None:
+        index = next(i for i, item in enumerate(value) if _token_ids([item]) is None)
+        raise APIError(400, f"{param}.{index}: a token id must be an integer, got "
+                       f"{repr(value[index])[:40]}", f"{param}.{index}")
+    if ids and (min(ids) < 0 or max(ids) >= limits.vocab_size):
+        index = next(i for i, token in enumerate(ids) if not 0 <= token < limits.vocab_size)
+        raise APIError(400, f"{param}.{index}: token id {ids[index]} is outside the "
+                       f"vocabulary (0..{limits.vocab_size - 1})", f"{param}.{index}")
+    return ids
+
+
 def split_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
     """The prompts of a completion request: one text, one token list, or a list of texts
     or of token lists (not mixed), checked element by element."""
@@ -117,16 +154,26 @@ def split_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
     return ids  # type: ignore[return-value]
 
 
-def completion_prompts(body: CompletionRequest, tokenizer: TextTokenizer,
-                       limits: Limits) -> list[list[int]]:
-    prompts = split_prompts(body.prompt)
-    texts = [(i, p) for i, p in enumerate(prompts) if isinstance(p, str)]
-    encoded = encode_prompts(tokenizer, [p for _, p in texts], limits, "prompt")
-    for (i, _), ids in zip(texts, encoded, strict=True):
-        prompts[i] = ids
-    for i, ids in enumerate(prompts):
-        check_token_ids(ids, limits, "prompt" if len(prompts) == 1 else f"prompt.{i}")
-    return prompts
+def completion_prompts(prompts: list[str | list[int]], tokenizer: TextTokenizer,
+                       limits: Limits, max_tokens: int) -> list[list[int]]:
+    """Each prompt as checked token ids. Each is checked against the context as soon as it is
+    tokenised (and every text that cannot fit is refused before any is tokenised), so an
+    over-long prompt in a list costs at most its own tokenisation."""
+    refuse_output_beyond_context(max_tokens, limits, "max_tokens")
+    params = ["prompt" if len(prompts) == 1 else f"prompt.{i}" for i in range(len(prompts))]
+    for prompt, param in zip(prompts, params, strict=True):
+        if isinstance(prompt, str):
+            refuse_unfit_text(prompt, tokenizer, limits, param, max_tokens)
+    checked = []
+    for prompt, param in zip(prompts, params, strict=True):
+        if isinstance(prompt, str):
+            ids = encode_checked(tokenizer, prompt, limits, param, max_tokens)
+        else:
+            ids = prompt
+            check_token_ids(ids, limits, param)
+        max_tokens_for(max_tokens, len(ids), limits, "max_tokens", param)
+        checked.append(ids)
+    return checked
 
 
 def check_completion_unsupported(body: CompletionRequest) -> None:
@@ -141,7 +188,7 @@ def check_completion_unsupported(body: CompletionRequest) -> None:
 
 
 def max_tokens_for(requested: int | None, prompt_tokens: int, limits: Limits,
-                   param: str) -> int:
+                   param: str, prompt_param: str = "prompt") -> int:
     """`requested`, or (None) whatever the context leaves; refused past the context."""
     room = limits.context_tokens - prompt_tokens
     if requested is None:
@@ -150,8 +197,9 @@ def max_tokens_for(requested: int | None, prompt_tokens: int, limits: Limits,
                            f"context of {limits.context_tokens} tokens", "messages")
         return room
     if requested > room:
-        raise APIError(400, f"prompt ({prompt_tokens} tokens) plus {param} ({requested}) "
-                       f"exceeds the context length {limits.context_tokens}", param)
+        raise APIError(400, f"{prompt_param} ({prompt_tokens} tokens) plus {param} "
+                       f"({requested}) exceeds the context length {limits.context_tokens}",
+                       param)
     return requested
 
 
@@ -173,7 +221,7 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens:
     if body.seed is not None and body.seed + n - 1 > MAX_SEED:
         raise APIError(400, f"seed: with n={n} the seeds {body.seed}..{body.seed + n - 1} "
                        f"exceed {MAX_SEED}", "seed")
-    stop = body.stop if isinstance(body.stop, list) else [body.stop or ""]
+    stop = check_stop(body.stop)
     common = dict(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
@@ -186,6 +234,20 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens:
                 for i in range(n)]
     except ValueError as err:  # the engine's own check, a second line of defence
         raise APIError(400, str(err)) from err
+
+
+def check_stop(stop: str | list[str] | None) -> list[str]:
+    """The stop strings, refused past `MAX_STOP_STRINGS` or `MAX_STOP_CHARS` (schemas.py)."""
+    strings = stop if isinstance(stop, list) else [stop or ""]
+    if len(strings) > MAX_STOP_STRINGS:
+        raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} stop strings are supported, "
+                       f"got {len(strings)}", "stop")
+    for i, text in enumerate(strings):
+        if len(text) > MAX_STOP_CHARS:
+            where = f"stop.{i}" if isinstance(stop, list) else "stop"
+            raise APIError(400, f"{where}: a stop string may have at most {MAX_STOP_CHARS} "
+                           f"characters, got {len(text)}", where)
+    return strings
 
 
 def logit_bias(raw: dict[str, float] | None, limits: Limits) -> tuple[tuple[int, float], ...]:
