@@ -102,7 +102,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
                            {"flips": result.flips, "role_changes": len(result.role_changes),
                             "simulated_s": result.end_s, "sessions": asdict(result.sessions),
                             "instance_s_total": result.instance_s_total,
-                            "migrations": result.migrations})
+                            "migrations": result.migrations, "events": result.events})
         write_requests_csv(out / "requests.csv", result.requests, experiment.slo)
         plots.plot_latency_cdfs(out / "latency_cdf.png", result.requests, experiment.slo,
                                 f"{config.policy.name} on {workload.name}")

@@ -132,10 +132,12 @@ class KVTransfers:
             if time_s < math.inf:
                 self._push(time_s, LINK_EVENT, None, self._version)
 
-    def on_link_event(self, version: int) -> None:
-        """The links' scheduled event is due (ignored when superseded since)."""
-        if version != self._version:
-            return
+    def current(self, version: int) -> bool:
+        """Whether a link event of `version` is still the pending one (not superseded)."""
+        return version == self._version
+
+    def on_link_event(self) -> None:
+        """The links' scheduled (current) event is due."""
         self._event_s = math.inf
         for done in self.links.advance(self._clock()):
             if type(done) is HistoryRead:

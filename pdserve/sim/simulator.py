@@ -333,7 +333,9 @@ class Simulator:
                         continue  # superseded by an interrupt
                     self._on_batch_done(payload)  # type: ignore[arg-type]
                 elif kind == _LINK_EVENT:
-                    self.transfers.on_link_event(version)
+                    if not self.transfers.current(version):
+                        continue  # superseded: the links changed since
+                    self.transfers.on_link_event()
                 elif kind == _ARRIVAL:
                     self._arrive(payload)  # type: ignore[arg-type]
                 elif kind == _INSTANCE_STARTED:
