@@ -8,7 +8,7 @@ when the driver received it. All times are `time.monotonic()`, one clock for eve
 on the machine, so a client in another process can line its own send and receive times up
 with them: what lies between admission and the batch's end is what the simulator models
 (queueing and compute); the rest (HTTP, tokenizing, pipes, streaming) is the control
-plane's latency, `SimConfig.control_latency_s`.
+plane's latency, the config's `sim.control_latency_s`.
 
 It also logs the roles the instances start with and every flip, with the same clock, to
 `DIR/roles-driver.csv` (`perf.step_log.ROLES_FILE`), so the step logs of a policy that

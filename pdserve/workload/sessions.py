@@ -27,13 +27,11 @@ seconds, a retrieval call a few hundred milliseconds.
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
 
+from pdserve.workload.sharegpt_rounds import sharegpt_rounds
 from pdserve.workload.traces import load_trace
 from pdserve.workload.workload import Workload
 
@@ -130,16 +128,10 @@ def agent_sessions(kind: str, sessions: int, rate_sps: float,
     return from_rounds(f"agent:{kind}", starts, new_input, output, delays)
 
 
-def _sharegpt_path() -> Path:
-    return Path(str(resources.files("pdserve.data") / "traces" / "sharegpt_rounds.csv"))
-
-
 def sharegpt_sessions(sessions: int, rate_sps: float, rng: np.random.Generator) -> Workload:
     table: dict[int, list[tuple[int, int, int]]] = {}
-    with _sharegpt_path().open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            table.setdefault(int(row["session_id"]), []).append(
-                (int(row["round"]), int(row["input_tokens"]), int(row["output_tokens"])))
+    for session_id, round_index, input_tokens, output_tokens in sharegpt_rounds():
+        table.setdefault(session_id, []).append((round_index, input_tokens, output_tokens))
     ids = sorted(table)
     chosen = rng.choice(len(ids), size=sessions, replace=sessions > len(ids))
     starts = np.cumsum(rng.exponential(1 / rate_sps, sessions))
