@@ -96,8 +96,8 @@ def main() -> None:
             f"{o.label[10:]} {o.goodput.rate_scale:.2f}" for o in splits))
         plots.plot_attainment(args.out / f"attainment_{trace}.png",
                               {o.label: o.goodput for o in shown},
-                              f"{trace}: TTFT {TRACES[trace]['ttft_slo_s']:g}s, "
-                              f"TPOT {TRACES[trace]['tpot_slo_s']:g}s")
+                              f"{trace}: TTFT {TRACES[trace]['slo.ttft_s']:g}s, "
+                              f"TPOT {TRACES[trace]['slo.tpot_s']:g}s")
         arrow = mine["arrow"]
         plots.plot_pool_sizes(args.out / f"pools_{trace}.png", arrow.times_s, arrow.roles,
                               f"arrow pools on {trace} at its goodput rate "
