@@ -28,18 +28,19 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from pdserve.cluster.topology import Topology, gpu_link, network_link
+from pdserve.cluster.topology import GPUS_PER_NODE, Topology, gpu_link, network_link
+from pdserve.config import Config
 from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.planning.ampd import feasible_degrees, plan
 from pdserve.planning.ampd_ilp import Deployment
-from pdserve.planning.ampd_inputs import PlanInputs
+from pdserve.planning.ampd_inputs import PlanInputs, replica_sim_settings
 from pdserve.planning.ampd_verify import cluster_attainment, verify
 from pdserve.policies.ampd.preset import AMPD_VARIANTS, build_ampd_policy
 from pdserve.policies.ampd.settings import AmpdSettings
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicyConfig, PolicySetup
+from pdserve.sim.runner import policy_setup
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, attn_units
 from pdserve.workload.sessions import AGENT_PROFILES, session_workload
@@ -56,7 +57,6 @@ SLOS = {  # AMPD Fig. 4: (TTFT, ITL) in seconds
 POLICIES = ("ampd", "ampd-no-reorder", "dynamo", "colocated", "continuum")
 LOADS = (0.8, 1.6, 2.4)
 BASE_UTILISATION = 0.3
-GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,12 @@ def run_case(case: Case) -> dict[str, float]:
         policy, context = build_ampd_policy(case.policy, slo, half, instances - half, [perf],
                                             case.ampd)
     else:
-        policy, _ = build_policy(PolicySetup(perf, slo, PolicyConfig(case.policy),
-                                             instances=instances))
+        config = Config().with_values({"policy.name": case.policy, "cluster.instances": instances,
+                                       "slo.ttft_s": slo.ttft_s, "slo.tpot_s": slo.tpot_s})
+        policy, _ = build_policy(policy_setup(config, perf))
         context = None
-    sim = Simulator(policy, instances, perf, topology=topology([perf] * instances, tp))
+    sim = Simulator(policy, instances, perf, replica_sim_settings(),
+                    topology([perf] * instances, tp))
     result = sim.run(workload.requests())
     summary = summarize(result.requests, slo)
     stats = result.sessions

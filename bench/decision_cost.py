@@ -19,14 +19,14 @@ from dataclasses import replace
 from functools import partial
 
 from pdserve.cluster.events import ClusterView
-from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.cluster.roles import RoleBoard
+from pdserve.config import Config
 from pdserve.instance.stats import InstanceStats
-from pdserve.perf.presets import perf_model
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.decode_router import ArrowDecodeRouter
 from pdserve.policies.arrow.prefill_router import ArrowPrefillRouter
-from pdserve.policies.arrow.profiling import TtftPredictor, max_running_tokens, profile_ttft
+from pdserve.policies.arrow.preset import arrow_context
+from pdserve.sim.runner import load_perf_model, policy_setup
 from pdserve.types import Request, Role
 
 BASE = InstanceStats(instance_id=0, prefill_queue_len=0, prefill_queue_tokens=0,
@@ -38,7 +38,8 @@ CALLS = 20_000
 
 def build(num_instances: int, overloaded: bool, seed: int = 0):
     rng = random.Random(seed)
-    perf = perf_model("llama-3.1-8b", "h800")
+    config = Config()  # llama-3.1-8b on H800, the default SLOs and instance limits
+    perf = load_perf_model(config)
     half = num_instances // 2
     loads = []
     for i in range(num_instances):
@@ -48,8 +49,7 @@ def build(num_instances: int, overloaded: bool, seed: int = 0):
         loads.append(replace(BASE, instance_id=i, prefill_queue_len=queue,
                              prefill_queue_tokens=tokens, prefill_queue_attn_units=tokens * 2000,
                              running_decodes=rng.randint(1, 60), running_tokens=running))
-    context = ArrowContext(2.0, 0.15, TtftPredictor.fit(profile_ttft(perf, 2048)),
-                           InstanceMonitor(5.0), max_running_tokens(perf, 0.15, 256), 256)
+    context = arrow_context(policy_setup(config, perf))
     roles = [Role.PREFILL] * half + [Role.DECODE] * (num_instances - half)
     return ClusterView(0.0, loads), RoleBoard(roles), context
 

@@ -35,6 +35,7 @@ import ray
 import torch
 from ray.cluster_utils import Cluster
 
+from pdserve.config import serve_defaults
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
@@ -45,8 +46,7 @@ from pdserve.live.ray_cluster import LOOPBACK, RaySettings, use_loopback
 from pdserve.live.ray_kv import KVServer, object_store_pool, read_run, tcp_pool
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicyConfig, PolicySetup
-from pdserve.types import SLO
+from pdserve.policies.setup import PolicySetup
 
 LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64  # SmolLM2-135M-Instruct's KV
 POOL_BLOCKS = 512
@@ -167,16 +167,24 @@ async def step_table(cluster: Cluster, repeats: int) -> None:
     print(f"{'model':<6} | {'local ms':>9} {'Ray ms':>8} {'Ray/local':>9}")
     perf = bench_perf()
     prompt = list(range(5, 37))
+    config = serve_defaults().with_values({"cluster.instances": 1})  # colocated
+    instance = config.instance
     for model in ("tiny", "small"):
         drivers = []
         for ray_settings in (None, RaySettings(address=cluster.address, namespace=NAMESPACE,
                                                instance_resources=("node-a",))):
-            policy, count = build_policy(PolicySetup(perf, SLO(2.0, 0.2),
-                                                     PolicyConfig("colocated"), instances=1))
-            _, tokenizer = load_model(model, 0)
-            driver = LiveDriver(policy, count, tokenizer, WorkerSettings(model, 0, 256,
-                                                                         perf=perf),
-                                ray=ray_settings)
+            policy, count = build_policy(PolicySetup(
+                perf, config.slo.targets(), config.policy, instances=1,
+                prefill=config.cluster.prefill, decode=config.cluster.decode,
+                chunk_size_tokens=instance.chunk_size_tokens,
+                max_batch_size=instance.max_batch_size,
+                monitor_window_s=config.monitor.window_s, seed=config.seed))
+            _, tokenizer = load_model(model, config.seed)
+            workers = WorkerSettings(  # 256 KV blocks, no prefix cache
+                model, config.seed, 256, instance.chunk_size_tokens, instance.max_batch_size,
+                policy.phase_priority.value, 0, perf=perf)
+            driver = LiveDriver(policy, count, tokenizer, workers, config.monitor.interval_s,
+                                config.server.max_outstanding, ray=ray_settings)
             await driver.start()
             drivers.append(driver)
         samples: list[list[float]] = [[], []]

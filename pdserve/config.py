@@ -44,6 +44,7 @@ from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, network_link
 from pdserve.live.ray_cluster import RaySettings
 from pdserve.policies.setup import PolicyConfig
+from pdserve.sim.blocks import TRANSFER_MODES
 from pdserve.types import SLO
 
 
@@ -181,9 +182,6 @@ class MonitorConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "monitor", "interval_s", "window_s")
-
-
-TRANSFER_MODES = ("aligned", "per-block-per-layer", "fixed")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import inspect
 import itertools
 
 import pytest
-from conftest import make_perf
+from conftest import make_perf, policy_setup, sim_settings, worker_settings
 
 from pdserve.cluster.actions import (
     DispatchDecode,
@@ -24,6 +24,7 @@ from pdserve.cluster.actions import (
     apply_actions,
 )
 from pdserve.cluster.sessions import HistorySource, history_source
+from pdserve.config import serve_defaults
 from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
@@ -31,10 +32,10 @@ from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.instance.stats import InstanceStats
 from pdserve.live.driver import LiveDriver
-from pdserve.live.processes import WorkerSettings, WorkerState
+from pdserve.live.processes import WorkerState
 from pdserve.live.requests import LiveRequest
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicyConfig, PolicySetup
+from pdserve.policies.setup import PolicyConfig
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request, Role
 from pdserve.worker.messages import AddRequest, DropHistory, ExportHistory
@@ -103,9 +104,9 @@ def next_round(home: int) -> Request:
 
 def simulated(target_role: Role, home_serving: bool) -> tuple[Simulator, Request]:
     """A 2-instance simulated cluster whose home instance keeps the session's history."""
-    policy, count = build_policy(PolicySetup(PERF, SLO(5.0, 0.5), PolicyConfig("static-pd"),
-                                             prefill=1, decode=1))
-    sim = Simulator(policy, count, PERF)
+    policy, count = build_policy(policy_setup(PERF, SLO(5.0, 0.5), PolicyConfig("static-pd"),
+                                              prefill=1, decode=1))
+    sim = Simulator(policy, count, PERF, sim_settings())
     home = sim.instances[HOME].local
     first = Request(1, 0.0, HISTORY_TOKENS - 20, 21, session_id=SESSION, retain_kv=True)
     run_here(home, first)
@@ -154,9 +155,11 @@ def sim_outcome(target: int, target_role: Role, home_serving: bool) -> HistorySo
 
 
 def live_outcome(target: int, target_role: Role, home_serving: bool) -> HistorySource:
-    policy, count = build_policy(PolicySetup(PERF, SLO(5.0, 0.5), PolicyConfig("static-pd"),
-                                             prefill=1, decode=1))
-    driver = LiveDriver(policy, count, TextTokenizer.shipped(), WorkerSettings())
+    policy, count = build_policy(policy_setup(PERF, SLO(5.0, 0.5), PolicyConfig("static-pd"),
+                                              prefill=1, decode=1))
+    serve = serve_defaults()
+    driver = LiveDriver(policy, count, TextTokenizer.shipped(), worker_settings(),
+                        serve.monitor.interval_s, serve.server.max_outstanding)
     driver.view.instances = [InstanceStats.empty(i, 1024) for i in range(count)]
     for i in range(count):
         driver.set_load(i, InstanceStats.empty(i, 1024))

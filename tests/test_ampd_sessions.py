@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import make_perf
+from conftest import local_scheduler, make_perf, policy_setup, sim_settings
 
 from pdserve.cluster.topology import Topology
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicyConfig, PolicySetup
+from pdserve.policies.setup import PolicyConfig
 from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request, blocks_for
 from pdserve.workload.sessions import AGENT_PROFILES, session_workload
@@ -31,10 +31,11 @@ def two_rounds(first_in: int = 1000, first_out: int = 50, new_in: int = 300,
 
 def run(policy_name: str, requests: list[Request], prefill: int = 1, decode: int = 1,
         perf=PERF, instances: int = 1) -> Simulator:
-    policy, count = build_policy(PolicySetup(perf, SLO_, PolicyConfig(policy_name),
-                                             instances=instances, prefill=prefill,
-                                             decode=decode))
-    sim = Simulator(policy, count, perf, topology=Topology.for_perf_models([perf] * count, 8))
+    policy, count = build_policy(policy_setup(perf, SLO_, PolicyConfig(policy_name),
+                                              instances=instances, prefill=prefill,
+                                              decode=decode))
+    sim = Simulator(policy, count, perf, sim_settings(),
+                    Topology.for_perf_models([perf] * count, 8))
     sim.result = sim.run(requests)  # type: ignore[attr-defined]
     return sim
 
@@ -55,7 +56,7 @@ def finish(local: LocalScheduler, request: Request) -> None:
 
 
 def test_finished_round_keeps_its_kv_and_next_local_round_computes_only_new_tokens() -> None:
-    local = LocalScheduler(0, total_blocks=1000, chunk_size_tokens=4096)
+    local = local_scheduler(0, total_blocks=1000, chunk_size_tokens=4096)
     first, second = two_rounds()
     finish(local, first)
     kept = first.sequence_tokens - 1
@@ -74,7 +75,7 @@ def test_finished_round_keeps_its_kv_and_next_local_round_computes_only_new_toke
 
 
 def test_handoff_to_the_bound_instance_moves_only_new_blocks() -> None:
-    decode = LocalScheduler(1, total_blocks=1000, chunk_size_tokens=4096)
+    decode = local_scheduler(1, total_blocks=1000, chunk_size_tokens=4096)
     first, second = two_rounds()
     finish(decode, first)
     free_before = decode.free_blocks
@@ -89,7 +90,7 @@ def test_handoff_to_the_bound_instance_moves_only_new_blocks() -> None:
 
 
 def test_eviction_frees_idle_history_lru_first() -> None:
-    local = LocalScheduler(0, total_blocks=200, chunk_size_tokens=4096)
+    local = local_scheduler(0, total_blocks=200, chunk_size_tokens=4096)
     for sid in (1, 2):
         finish(local, Request(sid, 0.0, 1000, 10, session_id=sid, retain_kv=True))
     assert len(local.sessions) == 2 and local.used_blocks == 2 * blocks_for(1009)
@@ -99,7 +100,7 @@ def test_eviction_frees_idle_history_lru_first() -> None:
 
 
 def test_dropping_or_trimming_kept_history_gives_its_blocks_back() -> None:
-    local = LocalScheduler(0, total_blocks=200, chunk_size_tokens=4096)
+    local = local_scheduler(0, total_blocks=200, chunk_size_tokens=4096)
     for sid in (1, 2):
         finish(local, Request(sid, 0.0, 1000, 10, session_id=sid, retain_kv=True))
     assert local.used_blocks == 2 * blocks_for(1009)
@@ -209,16 +210,15 @@ def test_sharegpt_and_mooncake_sessions() -> None:
 def test_sessions_fast_advance_equals_step_by_step(policy: str) -> None:
     """Sessions under memory pressure (history evicted, preemptions): the simulator's
     multi-step spans give every round the same times as running step by step."""
-    from pdserve.sim.simulator import SimSettings
 
     perf = make_perf(kv_capacity_tokens=12_000)
     outcomes = []
     for span in (1, 1 << 20):
         workload = session_workload("agent:hotpotqa", 40, 4.0, seed=3)
-        policy_obj, count = build_policy(PolicySetup(perf, SLO(0.3, 0.02), PolicyConfig(policy),
-                                                     instances=4, prefill=2, decode=2))
-        sim = Simulator(policy_obj, count, perf, SimSettings(chunk_size_tokens=512,
-                                                             max_span_steps=span))
+        policy_obj, count = build_policy(policy_setup(perf, SLO(0.3, 0.02), PolicyConfig(policy),
+                                                      instances=4, prefill=2, decode=2))
+        sim = Simulator(policy_obj, count, perf, sim_settings(chunk_size_tokens=512,
+                                                              max_span_steps=span))
         result = sim.run(workload.requests())
         outcomes.append((result, [(r.request_id, r.arrival_s, r.first_token_s, r.finish_s,
                                    r.prefill_instance, r.decode_instance, r.preemptions,

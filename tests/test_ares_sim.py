@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import policy_setup, sim_settings
 
 from pdserve.config import Config
 from pdserve.policies.ares.rebalancer import AresRebalancer
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicyConfig, PolicySetup
+from pdserve.policies.setup import PolicyConfig
 from pdserve.sim.runner import Experiment, build_topology
 from pdserve.sim.simulator import Simulator
 
@@ -66,11 +67,11 @@ def test_ares_rebalancer_composes_with_arrow_from_a_config_file(tmp_path: Path) 
                     "perf: {model: deepseek-r1-distill-qwen-7b-w8a8, gpu: rtx-4090d}\n")
     config = Config.from_yaml(path)
     experiment = Experiment.from_config(config)
-    setup = PolicySetup(experiment.perf, experiment.slo, config.policy, prefill=1, decode=3)
+    setup = policy_setup(experiment.perf, experiment.slo, config.policy, prefill=1, decode=3)
     policy, count = build_policy(setup)
     assert isinstance(policy.rebalancer, AresRebalancer)
     assert type(policy.prefill_router).__name__ == "ArrowPrefillRouter"
-    result = Simulator(policy, count, experiment.perf, None,
+    result = Simulator(policy, count, experiment.perf, sim_settings(),
                        build_topology(config, experiment.perf, count)).run(
         experiment.workload.requests())
     assert result.migrations == policy.rebalancer.migrations > 0
@@ -82,10 +83,10 @@ def test_ares_rebalancer_composes_with_arrow_from_a_config_file(tmp_path: Path) 
 def test_policies_without_ares_keep_no_forecast() -> None:
     experiment = Experiment.from_config(BASE.with_values({"policy.name": "vllm",
                                                           "workload.synthetic_requests": 5}))
-    policy, count = build_policy(PolicySetup(experiment.perf, experiment.slo,
-                                             PolicyConfig("vllm"), prefill=1, decode=3))
+    policy, count = build_policy(policy_setup(experiment.perf, experiment.slo,
+                                              PolicyConfig("vllm"), prefill=1, decode=3))
     assert policy.decode_forecast is None
-    simulator = Simulator(policy, count, experiment.perf)
+    simulator = Simulator(policy, count, experiment.perf, sim_settings())
     assert simulator.tracker is None
     assert all(i.decode_forecast is None for i in simulator.instances)
 
@@ -97,5 +98,5 @@ def test_bad_rebalancer_is_named() -> None:
         Config().with_values({"policy.ares.forecast.decay": 0.0})
     experiment = Experiment.from_config(BASE.with_values({"workload.synthetic_requests": 5}))
     with pytest.raises(ValueError, match="own rebalancer"):
-        build_policy(PolicySetup(experiment.perf, experiment.slo,
-                                 PolicyConfig("taichi", rebalancer="ares"), prefill=1, decode=3))
+        build_policy(policy_setup(experiment.perf, experiment.slo,
+                                  PolicyConfig("taichi", rebalancer="ares"), prefill=1, decode=3))

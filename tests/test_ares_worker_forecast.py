@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from conftest import local_scheduler
 
 from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.length_predictor import PREDICTOR_FACTORIES, DecodeProgress
@@ -50,7 +51,7 @@ def test_worker_reports_its_forecast_with_hidden_states_from_the_engine() -> Non
     probe = HiddenProbe()
     PREDICTOR_FACTORIES["hidden-probe"] = lambda options, seed: probe
     try:
-        local, engine = LocalScheduler(0, 100, 64), FakeEngine()
+        local, engine = local_scheduler(0, 100, 64), FakeEngine()
         forecast = WorkerForecast.build(ForecastSettings(predictor="hidden-probe",
                                                          horizon_steps=100, points=2),
                                         engine, local)  # type: ignore[arg-type]
@@ -71,7 +72,7 @@ def test_worker_reports_its_forecast_with_hidden_states_from_the_engine() -> Non
 
 
 def test_history_on_a_worker_learns_from_its_finished_requests() -> None:
-    local = LocalScheduler(0, 100, 64)
+    local = local_scheduler(0, 100, 64)
     forecast = WorkerForecast.build(ForecastSettings(predictor="history:min=1"),
                                     FakeEngine(), local)  # type: ignore[arg-type]
     assert forecast is not None
@@ -89,4 +90,4 @@ def test_history_on_a_worker_learns_from_its_finished_requests() -> None:
 
 
 def test_stats_without_ares_carry_no_forecast() -> None:
-    assert InstanceStats.of(LocalScheduler(0, 100, 64)).decode_forecast is None
+    assert InstanceStats.of(local_scheduler(0, 100, 64)).decode_forecast is None

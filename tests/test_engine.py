@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+from conftest import local_scheduler
 from engine_helpers import greedy, handoff_worker, save_hf_model
 
 from pdserve.engine.allocator import runs
@@ -19,7 +20,6 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.transfer import attach_pool, recv_blocks, send_blocks
-from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.types import Request
 
 torch.set_num_threads(1)
@@ -107,7 +107,7 @@ def test_local_scheduler_batches_give_the_same_tokens_as_running_alone(tiny):
     prompts = [prompt_of(n, 2048, seed=n) for n in (40, 90, 17, 64)]
     alone = [greedy(Engine(model, tokenizer, 128), 0, p, 10)[0] for p in prompts]
     engine = Engine(model, tokenizer, 128)
-    local = LocalScheduler(0, total_blocks=128, chunk_size_tokens=32)
+    local = local_scheduler(0, total_blocks=128, chunk_size_tokens=32)
     for i, prompt in enumerate(prompts):
         engine.add(i, prompt, SamplingParams(max_tokens=10, ignore_eos=True))
         local.enqueue_prefill(Request(i, 0.0, len(prompt), 10))

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import local_scheduler
 from test_scheduler import IDLE, setup, view_of
 
 import pdserve.engine.engine as engine_module
@@ -71,7 +72,7 @@ def test_an_engine_error_fails_only_its_request_and_the_batch_state_stays_right(
         model_and_tokenizer, monkeypatch):
     model, tokenizer = model_and_tokenizer
     clean = Engine(model, tokenizer, 64)
-    clean_local = LocalScheduler(0, 64, 512)
+    clean_local = local_scheduler(0, 64, 512)
     start(clean, clean_local, [None, None, None])
     expected, failures = run_batch(clean, clean_local, 40)
     assert not failures and all(len(t) == 12 for t in expected.values())
@@ -88,7 +89,7 @@ def test_an_engine_error_fails_only_its_request_and_the_batch_state_stays_right(
 
     monkeypatch.setattr(engine_module, "sample_batch", sample_batch)
     engine = Engine(model, tokenizer, 64)
-    local = LocalScheduler(0, 64, 512)
+    local = local_scheduler(0, 64, 512)
     start(engine, local, [None, POISON_SEED, None])  # the poison sits mid-batch
     tokens, failures = run_batch(engine, local, 40)
     assert list(failures) == [1]
@@ -108,7 +109,7 @@ def test_an_engine_that_fails_every_request_is_a_server_error(model_and_tokenize
         raise RuntimeError("broken engine")
 
     monkeypatch.setattr(engine_module, "sample_batch", sample_batch)
-    engine, local = Engine(model, tokenizer, 64), LocalScheduler(0, 64, 512)
+    engine, local = Engine(model, tokenizer, 64), local_scheduler(0, 64, 512)
     start(engine, local, [None, None, None])
     _, failures = run_batch(engine, local, 1)
     assert sorted(failures) == [0, 1, 2]

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import make_perf
+from conftest import local_scheduler, make_perf
 
 from pdserve.cluster.actions import SetPhasePriority, StartInstance, StopInstance
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
-from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.instance.stats import InstanceStats
 from pdserve.policies.flowkv.balance import PhaseBalancer
@@ -101,7 +100,7 @@ def _requests(count: int, tokens: int, start_id: int = 0) -> list[Request]:
 
 def test_prefill_first_runs_prefill_chunks_alone_decode_first_mixes_them():
     for priority in PhasePriority:
-        local = LocalScheduler(0, 1000, chunk_size_tokens=256)
+        local = local_scheduler(0, 1000, chunk_size_tokens=256)
         local.phase_priority = priority
         decoding = _requests(3, 40)
         for request in decoding:

@@ -4,6 +4,7 @@ eviction under memory pressure, and prefix-aware routing; heterogeneous GPU grou
 from __future__ import annotations
 
 import pytest
+from conftest import local_scheduler
 
 from pdserve.cluster.hardware import parse_instances
 from pdserve.config import Config
@@ -16,7 +17,7 @@ from pdserve.types import Request, Role
 
 
 def scheduler(blocks: int) -> LocalScheduler:
-    local = LocalScheduler(0, blocks, chunk_size_tokens=4096)
+    local = local_scheduler(0, blocks, chunk_size_tokens=4096)
     local.prefix_cache = PrefixCache(64)  # 4 KV blocks per hash
     return local
 

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_perf
+from conftest import make_perf, policy_setup, sim_settings
 
 from pdserve.instance.local_scheduler import BatchPlan
 from pdserve.instance.segments import SegmentAllocator
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicyConfig, PolicySetup
+from pdserve.policies.setup import PolicyConfig
 from pdserve.sim.blocks import BlockTable
-from pdserve.sim.simulator import SimResult, SimSettings, Simulator
+from pdserve.sim.simulator import SimResult, Simulator
 from pdserve.types import SLO, Request, blocks_for
 from pdserve.workload.synthetic import synthetic_workload
 
 
 def run(requests: list[Request], span: int, **settings) -> SimResult:
     perf = make_perf(kv_capacity_tokens=12_000)
-    policy, count = build_policy(PolicySetup(perf, SLO(2.0, 0.15), PolicyConfig("static-pd"),
-                                             prefill=2, decode=2, chunk_size_tokens=512))
-    return Simulator(policy, count, perf, SimSettings(
+    policy, count = build_policy(policy_setup(perf, SLO(2.0, 0.15), PolicyConfig("static-pd"),
+                                              prefill=2, decode=2, chunk_size_tokens=512))
+    return Simulator(policy, count, perf, sim_settings(
         chunk_size_tokens=512, max_span_steps=span, **settings)).run(requests)
 
 

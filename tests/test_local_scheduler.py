@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import local_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,7 @@ def run_to_completion(local: LocalScheduler, max_steps: int = 1, limit: int = 10
 
 
 def test_long_prompt_is_chunked_under_the_token_budget():
-    local = LocalScheduler(0, total_blocks=10_000, chunk_size_tokens=2048)
+    local = local_scheduler(0, total_blocks=10_000, chunk_size_tokens=2048)
     local.enqueue_prefill(req(1, 5000, 4))
     sizes = []
     while True:
@@ -43,7 +44,7 @@ def test_long_prompt_is_chunked_under_the_token_budget():
 
 
 def test_chunk_attention_units_add_up_to_one_shot_prefill():
-    local = LocalScheduler(0, total_blocks=10_000, chunk_size_tokens=700)
+    local = local_scheduler(0, total_blocks=10_000, chunk_size_tokens=700)
     local.enqueue_prefill(req(1, 2000, 2))
     assert local.prefill_queue_attn_units == attn_units(2000, 0)
     total_units = 0
@@ -56,7 +57,7 @@ def test_chunk_attention_units_add_up_to_one_shot_prefill():
 
 
 def test_decodes_go_first_and_shrink_the_prefill_budget():
-    local = LocalScheduler(0, total_blocks=10_000, chunk_size_tokens=100)
+    local = local_scheduler(0, total_blocks=10_000, chunk_size_tokens=100)
     for i in range(3):
         local.enqueue_prefill(req(i, 10, 50))
     result = local.complete(local.plan())
@@ -69,7 +70,7 @@ def test_decodes_go_first_and_shrink_the_prefill_budget():
 
 
 def test_prefills_wait_in_fcfs_order():
-    local = LocalScheduler(0, total_blocks=10_000, chunk_size_tokens=64)
+    local = local_scheduler(0, total_blocks=10_000, chunk_size_tokens=64)
     for i in range(4):
         local.enqueue_prefill(req(i, 40, 2))
     order = []
@@ -83,7 +84,7 @@ def test_prefills_wait_in_fcfs_order():
 
 
 def test_memory_is_counted_in_blocks_and_freed_on_finish():
-    local = LocalScheduler(0, total_blocks=100, chunk_size_tokens=4096)
+    local = local_scheduler(0, total_blocks=100, chunk_size_tokens=4096)
     local.enqueue_prefill(req(1, 33, 3))  # 33 tokens -> 3 blocks
     plan = local.plan()
     assert local.used_blocks == blocks_for(33) == 3
@@ -101,7 +102,7 @@ def test_memory_is_counted_in_blocks_and_freed_on_finish():
 
 def test_decode_that_cannot_grow_preempts_the_newest_and_recomputes_it():
     # two sequences of 32 tokens fill 4 of 5 blocks; growing both needs 6 blocks
-    local = LocalScheduler(0, total_blocks=5, chunk_size_tokens=4096)
+    local = local_scheduler(0, total_blocks=5, chunk_size_tokens=4096)
     old, new = req(1, 31, 20), req(2, 31, 20)
     local.enqueue_prefill(old)
     local.enqueue_prefill(new)
@@ -122,7 +123,7 @@ def test_decode_that_cannot_grow_preempts_the_newest_and_recomputes_it():
 
 
 def test_transfers_wait_for_memory_in_fcfs_order():
-    local = LocalScheduler(0, total_blocks=10, chunk_size_tokens=4096)
+    local = local_scheduler(0, total_blocks=10, chunk_size_tokens=4096)
     first, second = req(1, 100, 5), req(2, 60, 5)
     for request in (first, second):
         request.generated_tokens = 1  # prefilled elsewhere
@@ -138,9 +139,9 @@ def test_transfers_wait_for_memory_in_fcfs_order():
 
 def test_bad_construction_names_the_field():
     with pytest.raises(ValueError, match="chunk_size_tokens"):
-        LocalScheduler(0, total_blocks=10, chunk_size_tokens=0)
+        local_scheduler(0, total_blocks=10, chunk_size_tokens=0)
     with pytest.raises(ValueError, match="total_blocks"):
-        LocalScheduler(0, total_blocks=0, chunk_size_tokens=10)
+        local_scheduler(0, total_blocks=0, chunk_size_tokens=10)
 
 
 def check_counters(local: LocalScheduler, held_blocks: int) -> None:
@@ -167,7 +168,7 @@ def check_counters(local: LocalScheduler, held_blocks: int) -> None:
 def test_counters_stay_consistent_under_any_load(requests, total_blocks, chunk, max_steps):
     """Random prompts, some arriving as KV transfers, a small memory: counters never drift,
     nothing is lost, and every request ends with exactly its output length."""
-    local = LocalScheduler(0, total_blocks=total_blocks, chunk_size_tokens=chunk)
+    local = local_scheduler(0, total_blocks=total_blocks, chunk_size_tokens=chunk)
     all_requests = []
     for i, (n_in, n_out, transferred) in enumerate(requests):
         if blocks_for(n_in + n_out) > total_blocks // 2:
@@ -204,7 +205,7 @@ def test_counters_stay_consistent_under_any_load(requests, total_blocks, chunk, 
 def test_abort_frees_a_request_wherever_it_is():
     """Cancelled clients: waiting, mid-prefill, held for hand-off, queued or ready transfers,
     and running decodes all leave with their blocks and load."""
-    local = LocalScheduler(0, total_blocks=200, chunk_size_tokens=64)
+    local = local_scheduler(0, total_blocks=200, chunk_size_tokens=64)
     waiting, partial, held = req(1, 500, 5), req(2, 100, 5), req(3, 30, 5)
     for request in (held, partial, waiting):
         local.enqueue_prefill(request)

@@ -64,7 +64,7 @@ def test_goodput_bisects_to_the_threshold():
         calls.append(scale)
         return fake_summary(1.0 if scale <= 3.3 else 0.5)
 
-    result = search_goodput(run, base_rate_rps=2.0, rel_tol=0.01)
+    result = search_goodput(run, base_rate_rps=2.0, target_attainment=0.9, rel_tol=0.01)
     assert 3.3 / 1.01 <= result.rate_scale <= 3.3
     assert result.rate_rps == pytest.approx(2.0 * result.rate_scale)
     assert len(calls) == len(set(calls)) < 20
@@ -72,7 +72,7 @@ def test_goodput_bisects_to_the_threshold():
 
 
 def test_goodput_below_one_and_zero():
-    low = search_goodput(lambda s: fake_summary(1.0 if s <= 0.3 else 0.0), 1.0, rel_tol=0.01)
+    low = search_goodput(lambda s: fake_summary(1.0 if s <= 0.3 else 0.0), 1.0, 0.9, 0.01)
     assert 0.3 / 1.01 <= low.rate_scale <= 0.3
-    never = search_goodput(lambda s: fake_summary(0.0), 1.0, max_doublings=3)
+    never = search_goodput(lambda s: fake_summary(0.0), 1.0, 0.9, 0.02, max_doublings=3)
     assert never.rate_scale == 0.0

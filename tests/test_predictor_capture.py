@@ -145,10 +145,10 @@ def test_record_from_the_default_model_captures_its_hidden_size(tmp_path):
 def test_a_worker_serving_the_hidden_state_predictor_switches_capture_on(tiny, tmp_path):
     """`--ares-predictor hidden-state:PATH` on a live worker: its engine captures every k
     tokens (the forecast's refresh interval); other predictors leave the capture off."""
+    from conftest import local_scheduler
     from test_predictor_mlp import synthetic
 
     from pdserve.instance.decode_forecast import ForecastSettings
-    from pdserve.instance.local_scheduler import LocalScheduler
     from pdserve.predictor.hidden_state import train_predictor
     from pdserve.predictor.mlp import TrainSettings
     from pdserve.worker.forecast import WorkerForecast
@@ -160,7 +160,7 @@ def test_a_worker_serving_the_hidden_state_predictor_switches_capture_on(tiny, t
         engine = Engine(model, tokenizer, 64)
         assert not engine.hidden_capture.enabled
         WorkerForecast.build(ForecastSettings(predictor=spec, refresh_every_tokens=4), engine,
-                             LocalScheduler(0, 64, 64))
+                             local_scheduler(0, 64, 64))
         assert engine.hidden_capture.every_tokens == every
         ids = tokenizer.encode("The quick brown fox")
         engine.add(3, ids, SamplingParams(max_tokens=8, ignore_eos=True))

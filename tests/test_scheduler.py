@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import make_perf
+from conftest import make_perf, policy_setup
 
 from pdserve.cluster.actions import DispatchDecode, DispatchPrefill, Reject, SetRole
 from pdserve.cluster.events import Arrival, ClusterView, InstanceFailed, PrefillDone
@@ -31,7 +31,7 @@ IDLE = InstanceStats(instance_id=0, prefill_queue_len=0, prefill_queue_tokens=0,
 
 def setup(policy: str | PolicyConfig, **changes) -> PolicySetup:
     section = PolicyConfig(policy) if isinstance(policy, str) else policy
-    return PolicySetup(make_perf(), SLO(2.0, 0.15), section, **changes)
+    return policy_setup(make_perf(), SLO(2.0, 0.15), section, **changes)
 
 
 def view_of(*loads: InstanceStats) -> ClusterView:

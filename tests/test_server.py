@@ -169,13 +169,14 @@ def test_bench_replays_a_trace_and_scores_it_like_the_simulator(server, tmp_path
 def test_api_key_is_required_when_configured():
     from fastapi.testclient import TestClient
 
+    from pdserve.config import serve_defaults
     from pdserve.server.app import ServerSettings, create_app
 
     class NoDriver:  # the routes below never reach the driver
         tokenizer = TextTokenizer.shipped()
 
     client = TestClient(create_app(NoDriver(), ServerSettings(  # no lifespan
-        "tiny", 8192, 2048, api_key="s3cret")))
+        "tiny", 8192, 2048, serve_defaults().server.max_body_bytes, api_key="s3cret")))
     refused = client.get("/v1/models")
     assert refused.status_code == 401
     assert refused.json()["error"]["type"] == "authentication_error"

@@ -5,15 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import make_perf
+from conftest import make_perf, policy_setup, sim_settings
 
 from pdserve.cluster.topology import Link, Topology, gpu_link
 from pdserve.config import Config
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicyConfig, PolicySetup
+from pdserve.policies.setup import PolicyConfig
 from pdserve.sim.runner import build_topology, instances_per_node
-from pdserve.sim.simulator import SimSettings, Simulator
+from pdserve.sim.simulator import Simulator
 from pdserve.types import SLO, Request
 
 SLO_ = SLO(2.0, 0.15)
@@ -24,9 +24,9 @@ def run_pd(requests: list[Request], prefill: int, decode: int,
            span: int = 1 << 20) -> list[Request]:
     model = perf or make_perf()
     base = model if isinstance(model, PerfModel) else model[0]
-    policy, count = build_policy(PolicySetup(base, SLO_, PolicyConfig("static-pd"),
-                                             prefill=prefill, decode=decode))
-    sim = Simulator(policy, count, model, SimSettings(max_span_steps=span), topology)
+    policy, count = build_policy(policy_setup(base, SLO_, PolicyConfig("static-pd"),
+                                              prefill=prefill, decode=decode))
+    sim = Simulator(policy, count, model, sim_settings(max_span_steps=span), topology)
     return sim.run(requests).requests
 
 
@@ -83,20 +83,21 @@ def test_each_instance_may_have_its_own_performance_model():
     fast = make_perf()
     slow = dataclasses.replace(fast, name="slow", kv_capacity_tokens=50_000,
                                decode=DecodeCoeffs(0.02, 1e-4, 2e-7, 0.001))
-    policy, count = build_policy(PolicySetup(fast, SLO_, PolicyConfig("static-pd"), prefill=1,
-                                             decode=1))
-    sim = Simulator(policy, count, [fast, slow])
+    policy, count = build_policy(policy_setup(fast, SLO_, PolicyConfig("static-pd"), prefill=1,
+                                              decode=1))
+    sim = Simulator(policy, count, [fast, slow], sim_settings())
     assert [i.total_blocks for i in sim.instances] == [(1 << 20) // 16, 50_000 // 16]
     (request,) = sim.run([Request(0, 0.0, 1000, 4)]).requests
     assert request.max_itl_s == pytest.approx(slow.decode.step_s(1, 1003))
     with pytest.raises(ValueError, match="2 performance models for 3 instances"):
-        Simulator(policy, 3, [fast, slow])
+        Simulator(policy, 3, [fast, slow], sim_settings())
 
 
 def test_decoding_in_place_counts_the_prefill_token_as_the_decode_instance_first():
     perf = make_perf()
-    policy, count = build_policy(PolicySetup(perf, SLO_, PolicyConfig("colocated"), instances=1))
-    (request,) = Simulator(policy, count, perf).run([Request(0, 0.0, 1000, 3)]).requests
+    policy, count = build_policy(policy_setup(perf, SLO_, PolicyConfig("colocated"), instances=1))
+    sim = Simulator(policy, count, perf, sim_settings())
+    (request,) = sim.run([Request(0, 0.0, 1000, 3)]).requests
     assert request.decode_first_token_s == request.first_token_s
     assert request.transfer_s == 0
     # the widest gap: prefill token -> first decode token, or the last decode step
@@ -134,9 +135,9 @@ def test_config_topology_defaults_and_tp():
 
 def test_policies_can_price_a_transfer_from_the_view():
     perf = make_perf()
-    policy, count = build_policy(PolicySetup(perf, SLO_, PolicyConfig("static-pd"), prefill=1,
-                                             decode=1))
+    policy, count = build_policy(policy_setup(perf, SLO_, PolicyConfig("static-pd"), prefill=1,
+                                              decode=1))
     topology = Topology.build([gpu_link(perf)] * 2, 1, Link("net", 1e9, 0.0))
-    view = Simulator(policy, count, perf, topology=topology).view
+    view = Simulator(policy, count, perf, sim_settings(), topology).view
     assert view.topology is topology
     assert view.topology.transfer_time_s(0, 1, 2e9) == pytest.approx(2.0)

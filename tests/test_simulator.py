@@ -5,16 +5,16 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import make_perf
+from conftest import make_perf, policy_setup, sim_settings
 
 from pdserve.cluster.actions import Migrate
 from pdserve.config import Config
 from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.presets import build_policy
-from pdserve.policies.setup import PolicyConfig, PolicySetup
+from pdserve.policies.setup import PolicyConfig
 from pdserve.sim.runner import Experiment
-from pdserve.sim.simulator import SimResult, SimSettings, Simulator
+from pdserve.sim.simulator import SimResult, Simulator
 from pdserve.types import SLO, Request
 from pdserve.workload.synthetic import synthetic_workload
 
@@ -24,11 +24,11 @@ DEFAULT_SLO = SLO(2.0, 0.15)
 def simulate(policy_name: str, requests: list[Request], perf: PerfModel, span: int,
              slo: SLO = DEFAULT_SLO, prefill: int = 2, decode: int = 2,
              **settings) -> tuple[SimResult, list[Request]]:
-    policy, count = build_policy(PolicySetup(
+    policy, count = build_policy(policy_setup(
         perf, slo, PolicyConfig(policy_name), instances=prefill + decode, prefill=prefill,
         decode=decode,
         chunk_size_tokens=settings.get("chunk_size_tokens", 2048)))
-    sim = Simulator(policy, count, perf, SimSettings(max_span_steps=span, **settings))
+    sim = Simulator(policy, count, perf, sim_settings(max_span_steps=span, **settings))
     result = sim.run(requests)
     return result, result.requests
 
@@ -198,14 +198,14 @@ def run_with_migrations(span: int) -> tuple[SimResult, list[Request]]:
     perf = make_perf(kv_capacity_tokens=12_000)
     workload = synthetic_workload(150, rate_rps=6.0, lengths="uniform:20-1500:50-400",
                                   arrival="gamma", cv=2.0, seed=11)
-    policy, count = build_policy(PolicySetup(perf, DEFAULT_SLO, PolicyConfig("static-pd"),
-                                             prefill=2, decode=2, chunk_size_tokens=512))
+    policy, count = build_policy(policy_setup(perf, DEFAULT_SLO, PolicyConfig("static-pd"),
+                                              prefill=2, decode=2, chunk_size_tokens=512))
     recorder: list[Request] = []
     policy.decode_router = RecordingRouter(policy.decode_router, recorder)
     policy.rebalancer = MigrateEveryTick(recorder, (2, 3))
-    sim = Simulator(policy, count, perf, SimSettings(chunk_size_tokens=512,
-                                                     monitor_interval_s=0.25,
-                                                     max_span_steps=span))
+    sim = Simulator(policy, count, perf, sim_settings(chunk_size_tokens=512,
+                                                      monitor_interval_s=0.25,
+                                                      max_span_steps=span))
     result = sim.run(workload.requests())
     return result, result.requests
 

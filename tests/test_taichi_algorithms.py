@@ -11,6 +11,7 @@ from conftest import make_perf
 from pdserve.cluster.actions import DispatchDecode, DispatchPrefill, Migrate, Reject, SetChunkSize
 from pdserve.cluster.events import Arrival, ClusterView, PrefillDone, Tick
 from pdserve.cluster.scheduler import GlobalScheduler
+from pdserve.config import Config
 from pdserve.instance.stats import InstanceStats
 from pdserve.policies.taichi.prefill_router import prefill_time_s
 from pdserve.policies.taichi.preset import build_taichi
@@ -29,7 +30,8 @@ DEFAULT_SLO = SLO(1.0, 0.05)
 
 def cluster(p_heavy: int = 2, d_heavy: int = 2, slo: SLO = DEFAULT_SLO,
             **settings) -> tuple[GlobalScheduler, ClusterView]:
-    policy, count = build_taichi(PERF, slo, p_heavy, d_heavy, TaiChiSettings(**settings))
+    policy, count = build_taichi(PERF, slo, p_heavy, d_heavy, TaiChiSettings(**settings),
+                                 Config().instance.max_batch_size)
     view = ClusterView(0.0, [replace(IDLE, instance_id=i) for i in range(count)])
     return GlobalScheduler(policy, count), view
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from pdserve.live.processes import WorkerProcesses, WorkerSettings, WorkerState
+from conftest import worker_settings
+
+from pdserve.live.processes import WorkerProcesses, WorkerState
 from pdserve.worker.faults import START_EXIT_ENV
 
 
@@ -14,7 +16,7 @@ def test_a_scaled_up_worker_that_cannot_start_is_reported_dead(monkeypatch):
     exits: list[int] = []
 
     async def scenario() -> None:
-        workers = WorkerProcesses(WorkerSettings(kv_blocks=64, max_restarts=0), 2)
+        workers = WorkerProcesses(worker_settings(kv_blocks=64, max_restarts=0), 2)
         await workers.start(lambda message: None, lambda i, code: exits.append(i),
                             lambda i, stats, pool: None, stopped={1})
         try:

@@ -82,14 +82,14 @@ def test_mooncake_jsonl(tmp_path):
 
 
 def test_poisson_and_gamma_arrivals_have_the_asked_rate_and_burstiness():
-    poisson = synthetic_workload(20_000, rate_rps=8.0, seed=1)
+    poisson = synthetic_workload(20_000, rate_rps=8.0, lengths="fixed:512:128", seed=1)
     assert poisson.mean_rate_rps == pytest.approx(8.0, rel=0.03)
     gaps = np.diff(poisson.arrival_s)
     assert np.std(gaps) / np.mean(gaps) == pytest.approx(1.0, rel=0.05)
-    bursty = synthetic_workload(20_000, rate_rps=8.0, arrival="gamma", cv=3.0, seed=1)
+    bursty = synthetic_workload(20_000, 8.0, "fixed:512:128", arrival="gamma", cv=3.0, seed=1)
     gaps = np.diff(bursty.arrival_s)
     assert np.std(gaps) / np.mean(gaps) == pytest.approx(3.0, rel=0.1)
-    again = synthetic_workload(20_000, rate_rps=8.0, arrival="gamma", cv=3.0, seed=1)
+    again = synthetic_workload(20_000, 8.0, "fixed:512:128", arrival="gamma", cv=3.0, seed=1)
     assert np.array_equal(again.arrival_s, bursty.arrival_s)
 
 

@@ -75,6 +75,7 @@ NETWORK_LINKS: dict[str, Link] = {link.name: link for link in [
 ]}
 
 GPU_LINK = "gpu"  # the intra-node default: each instance's performance model prices it
+GPUS_PER_NODE = 8  # the papers' servers (DGX/HGX: 8 GPUs on one NVSwitch)
 
 
 def gpu_link(perf: PerfModel) -> Link:

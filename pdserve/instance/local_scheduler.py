@@ -74,7 +74,7 @@ class LocalScheduler:
     for a hand-off, coming in) and the next batch. See the module docstring."""
 
     def __init__(self, instance_id: int, total_blocks: int, chunk_size_tokens: int,
-                 max_batch_size: int = 256, queue_order: QueueOrder | None = None) -> None:
+                 max_batch_size: int, queue_order: QueueOrder | None = None) -> None:
         if total_blocks <= 0:
             raise ValueError(f"total_blocks must be positive, got {total_blocks}")
         if chunk_size_tokens <= 0:

@@ -103,10 +103,11 @@ log = logging.getLogger("pdserve.live")
 
 class LiveDriver:
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
-                 workers: WorkerSettings, monitor_interval_s: float = 0.5,
-                 max_outstanding: int = 256, ray: RaySettings | None = None) -> None:
-        """`ray`: host the workers in Ray actors (`live/ray_workers.py`) instead of local
-        processes; nothing else changes."""
+                 workers: WorkerSettings, monitor_interval_s: float, max_outstanding: int,
+                 ray: RaySettings | None = None) -> None:
+        """`monitor_interval_s` and `max_outstanding`: the config's (`monitor.interval_s`,
+        `server.max_outstanding`); `ray`: host the workers in Ray actors
+        (`live/ray_workers.py`) instead of local processes; nothing else changes."""
         self.scheduler = GlobalScheduler(policy, num_instances)
         self.tokenizer = tokenizer
         self.monitor_interval_s = monitor_interval_s

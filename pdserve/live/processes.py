@@ -42,13 +42,17 @@ from pdserve.worker.worker import worker_main
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    model: str = "tiny"
-    seed: int = 0
-    kv_blocks: int = 2048
-    chunk_size_tokens: int = 512
-    max_batch_size: int = 64
-    phase_priority: str = "decode-first"  # the policy's (`instance.phase_priority`)
-    prefix_block_tokens: int = 0  # tokens per prefix-cache hash; 0: no prefix cache
+    """What each worker runs with. The first fields are the config's (`pdserve serve`
+    builds them, `server/launch.py`; the path beside each), so they have no defaults here;
+    the supervision limits at the end are the worker pool's own."""
+
+    model: str  # engine.weights
+    seed: int  # seed
+    kv_blocks: int  # engine.kv_blocks, resolved (`server.launch.kv_blocks_for`)
+    chunk_size_tokens: int  # instance.chunk_size_tokens
+    max_batch_size: int  # instance.max_batch_size
+    phase_priority: str  # the policy's (`Policy.phase_priority`, policy.phase_priority)
+    prefix_block_tokens: int  # instance.prefix_block_tokens; 0: no prefix cache
     queue_order: Callable[[], QueueOrder] = FCFSOrder  # the policy's (`Policy.queue_order`)
     perf: PerfModel | None = None  # for orders that read prefill estimates (AMPD's Alg. 2)
     decode_forecast: ForecastSettings | None = None  # the policy's (ARES); None: none kept

@@ -30,10 +30,10 @@ class GoodputResult:
 
 
 def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
-                   target_attainment: float = 0.9, rel_tol: float = 0.02,
-                   max_doublings: int = 12,
+                   target_attainment: float, rel_tol: float, max_doublings: int = 12,
                    on_point: Callable[[GoodputPoint], None] | None = None) -> GoodputResult:
-    """`run(scale)` serves the workload at `scale` times its rate and summarizes it."""
+    """`run(scale)` serves the workload at `scale` times its rate and summarizes it;
+    `target_attainment` and `rel_tol` are the config's `goodput.target` and `.tolerance`."""
     if not 0 < target_attainment <= 1:
         raise ValueError(f"target_attainment must be in (0, 1], got {target_attainment}")
     if not rel_tol > 0:

@@ -32,7 +32,7 @@ from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.perf.specs import check_tp, model_spec
 from pdserve.planning.ampd_ilp import INFEASIBLE, Deployment, solve
-from pdserve.planning.ampd_inputs import PlanInputs, replica_workload
+from pdserve.planning.ampd_inputs import PlanInputs, replica_sim_settings, replica_workload
 from pdserve.planning.ampd_verify import verify
 from pdserve.policies.ampd.preset import build_ampd_policy
 from pdserve.sim.simulator import Simulator
@@ -91,7 +91,8 @@ def replica_tau(phase: str, degree: int, replicas: int, inputs: PlanInputs) -> f
     perfs = [real, ideal] if phase == "prefill" else [ideal, real]
     policy, _ = build_ampd_policy("dynamo", inputs.slo, 1, 1, perfs, inputs.ampd)
     requests = replica_workload(inputs, replicas).requests()
-    sim = Simulator(policy, 2, perfs, topology=Topology.for_perf_models(perfs, 8))
+    sim = Simulator(policy, 2, perfs, replica_sim_settings(),
+                    Topology.for_perf_models(perfs, 8))
     done: list[Request] = [r for r in sim.run(requests).requests if r.finished]
     if len(done) < len(requests):
         return INFEASIBLE  # rejected: the replica cannot hold the sessions

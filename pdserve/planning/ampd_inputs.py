@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.config import Config
 from pdserve.policies.ampd.settings import AmpdSettings
+from pdserve.sim.records import SimSettings
+from pdserve.sim.runner import sim_settings
 from pdserve.types import SLO
 from pdserve.workload.sessions import is_session_workload, session_workload
 from pdserve.workload.workload import Workload
@@ -29,6 +32,12 @@ class PlanInputs:
     rate_sps: float  # sessions started per second, whole cluster
     seed: int = 0
     ampd: AmpdSettings = AmpdSettings()  # alpha, beta and window of the verified clusters
+
+
+def replica_sim_settings() -> SimSettings:
+    """The simulator's settings of the planner's runs: the default config's instances and
+    monitor, with KV transfers priced by block alignment (`sim.transfer_mode: aligned`)."""
+    return sim_settings(Config().with_values({"sim.transfer_mode": "aligned"}))
 
 
 def replica_workload(inputs: PlanInputs, replicas: int) -> Workload:

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
 
-from pdserve.cluster.topology import Topology, gpu_link, network_link
+from pdserve.cluster.topology import GPUS_PER_NODE, Topology, gpu_link, network_link
+from pdserve.config import ClusterConfig
 from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import perf_model
 from pdserve.planning.ampd_ilp import Deployment
-from pdserve.planning.ampd_inputs import PlanInputs, replica_workload
+from pdserve.planning.ampd_inputs import PlanInputs, replica_sim_settings, replica_workload
 from pdserve.policies.ampd.preset import build_ampd_policy
 from pdserve.sim.simulator import Simulator
 
-GPUS_PER_NODE = 8
-NETWORK = "rdma-200g"  # one card per GPU, as the simulator's default
+NETWORK = ClusterConfig.inter_node_link  # one card per GPU, as the simulator's default
 
 
 def cluster_topology(perfs: list[PerfModel], degrees: list[int]) -> Topology:
@@ -45,7 +45,8 @@ def cluster_attainment(deployment: Deployment, inputs: PlanInputs) -> float:
     policy, _ = build_ampd_policy("ampd", inputs.slo, deployment.prefill_replicas,
                                   deployment.decode_replicas, perfs, inputs.ampd)
     workload = replica_workload(inputs, 1)
-    sim = Simulator(policy, len(perfs), perfs, topology=cluster_topology(perfs, degrees))
+    sim = Simulator(policy, len(perfs), perfs, replica_sim_settings(),
+                    cluster_topology(perfs, degrees))
     return summarize(sim.run(workload.requests()).requests, inputs.slo).slo_attainment
 
 

@@ -6,7 +6,7 @@ limits). Every preset builder (`policies/<paper>/preset.py`, `policies/presets.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.ampd.settings import AmpdSettings
@@ -57,18 +57,23 @@ class PolicySetup:
     perf: PerfModel
     slo: SLO
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    instances: int = 8  # colocated presets
-    prefill: int = 4  # disaggregated presets: initial prefill / decode split
-    decode: int = 4
-    reserve: int = 0  # flowkv: instances held back for elastic scaling
+    _: KW_ONLY
+    # the run's, built from its config (`pdserve.sim.runner.policy_setup`, the server's
+    # `build_app`): the config states their defaults (path beside each), so none here
+    instances: int  # cluster.instances: colocated presets
+    prefill: int  # cluster.prefill: disaggregated presets' initial prefill / decode split
+    decode: int  # cluster.decode
+    chunk_size_tokens: int  # instance.chunk_size_tokens
+    max_batch_size: int  # instance.max_batch_size
+    monitor_window_s: float  # monitor.window_s
+    seed: int  # seed
+    reserve: int = 0  # cluster.reserve: flowkv's instances held back for elastic scaling
     # per instance, when the cluster is heterogeneous or its roles are given (flowkv)
     perfs: tuple[PerfModel, ...] = ()
     roles: tuple[Role, ...] = ()
-    chunk_size_tokens: int = 2048
-    max_batch_size: int = 256
-    monitor_window_s: float = 5.0
-    prefix_block_tokens: int = 0  # the instances' prefix-cache block; 0: flowkv's own
-    seed: int = 0
+    # instance.prefix_block_tokens, resolved: the instances' prefix-cache block (0: flowkv's
+    # own)
+    prefix_block_tokens: int = 0
 
     @property
     def taichi(self) -> TaiChiSettings:

@@ -51,7 +51,6 @@ from pdserve.server.unknown_fields import UnknownFields
 from pdserve.server.validation import Limits
 
 log = logging.getLogger("pdserve.server")
-DEFAULT_MAX_BODY_BYTES = 8 << 20
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is there
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -68,8 +67,8 @@ class ServerSettings:
     model_name: str
     context_tokens: int
     vocab_size: int
+    max_body_bytes: int  # server.max_body_bytes
     api_key: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     chat_template: ChatTemplate = field(default_factory=ChatTemplate)
     url: str = ""  # where it listens, for the start-up log line
 

@@ -117,5 +117,5 @@ def build_app(config: Config) -> FastAPI:
         device=where), config.monitor.interval_s, server.max_outstanding, ray)
     return create_app(driver, ServerSettings(
         server.served_model_name or served.name, context, served.config.vocab_size,
-        server.api_key or None, server.max_body_bytes, template,
+        server.max_body_bytes, server.api_key or None, template,
         f"http://{server.host}:{server.port}"))

@@ -11,13 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.cluster.hardware import parse_instances
-from pdserve.cluster.topology import GPU_LINK, Link, Topology, gpu_link, network_link
+from pdserve.cluster.topology import (
+    GPU_LINK,
+    GPUS_PER_NODE,
+    Link,
+    Topology,
+    gpu_link,
+    network_link,
+)
 from pdserve.config import Config
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp, perf_model
 from pdserve.types import Role
-
-GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pdserve.sim.step_noise import instance_noise
 
 class SimInstance:
     def __init__(self, local: LocalScheduler, perf: PerfModel, view: ClusterView,
-                 max_span_steps: int, seed: int = 0) -> None:
+                 max_span_steps: int, seed: int) -> None:
         """`seed`: of the spread drawn around batches with prefill work, when `perf` has
         one (`sim/step_noise.py`)."""
         self.local = local

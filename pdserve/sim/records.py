@@ -68,18 +68,25 @@ class SimResult:
         return count
 
 
-@dataclass
+MAX_SPAN_STEPS = 1 << 20  # steps a simulated batch may span between events (1: step by step)
+
+
+@dataclass(kw_only=True)
 class SimSettings:
-    chunk_size_tokens: int = 2048
-    max_batch_size: int = 256
-    transfer_calls: int = 1  # per hand-off, in the "fixed" transfer mode
-    monitor_interval_s: float = 1.0
-    max_span_steps: int = 1 << 20  # 1 = step by step
-    transfer_mode: str = "aligned"  # how a transfer's calls are counted (`sim.blocks`)
-    kv_layers: int = 32  # layers, for the per-block-per-layer transfer mode
-    prefix_block_tokens: int = 0  # tokens per prefix hash; 0: no prefix cache
-    instance_startup_s: float = 20.0  # a started instance serves after this (elastic scaling)
-    seed: int = 0  # of the batch-time spread of models that carry one (`sim/step_noise.py`)
+    """What the simulator takes from a run's config. `pdserve.sim.runner.sim_settings`
+    builds it; the fields are the config's values (its path named beside each), so only
+    the driver's own `max_span_steps` has a default here."""
+
+    chunk_size_tokens: int  # instance.chunk_size_tokens
+    max_batch_size: int  # instance.max_batch_size
+    transfer_calls: int  # sim.transfer_calls: per hand-off, in the "fixed" transfer mode
+    monitor_interval_s: float  # monitor.interval_s
+    transfer_mode: str  # sim.transfer_mode, resolved: how a transfer's calls are counted
+    kv_layers: int  # the model's layers (perf.model), for the per-block-per-layer mode
+    prefix_block_tokens: int  # instance.prefix_block_tokens, resolved; 0: no prefix cache
+    instance_startup_s: float  # sim.instance_startup_s: a started instance serves after this
+    seed: int  # of the batch-time spread of models that carry one (`sim/step_noise.py`)
+    max_span_steps: int = MAX_SPAN_STEPS
 
     def __post_init__(self) -> None:
         for name in ("chunk_size_tokens", "max_batch_size", "transfer_calls", "max_span_steps",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdserve.cluster.topology import GPU_LINK, Topology, gpu_link, network_link
+from pdserve.cluster.topology import GPU_LINK, GPUS_PER_NODE, Topology, gpu_link, network_link
 from pdserve.config import Config, effective_prefix_block_tokens, effective_transfer_mode
 from pdserve.metrics.goodput import GoodputPoint, GoodputResult, search_goodput
 from pdserve.metrics.summary import Summary, summarize
@@ -20,6 +20,7 @@ from pdserve.perf.specs import model_spec
 from pdserve.policies.presets import build_policy
 from pdserve.policies.setup import PolicySetup
 from pdserve.sim.hetero import ClusterLayout, check_layout_roles, heterogeneous_layout
+from pdserve.sim.records import MAX_SPAN_STEPS
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
 from pdserve.types import SLO, Role, add_control_latency
 from pdserve.workload.sessions import is_session_workload, session_workload
@@ -55,9 +56,6 @@ def load_perf_model(config: Config) -> PerfModel:
     return perf_model(config.perf.model, config.perf.gpu, config.perf.tp or None)
 
 
-GPUS_PER_NODE = 8  # the papers' servers (DGX/HGX: 8 GPUs on one NVSwitch)
-
-
 def kv_layers(config: Config) -> int:
     """The model's layers (per-block-per-layer transfer pricing); 32 for a fitted file."""
     return 32 if config.perf.profile else model_spec(config.perf.model).layers
@@ -85,6 +83,40 @@ def build_topology(config: Config, perf: PerfModel, num_instances: int) -> Topol
                           inter.aggregated(tp))
 
 
+def sim_settings(config: Config, max_span_steps: int = MAX_SPAN_STEPS) -> SimSettings:
+    """The simulator's settings for a run of `config` (the preset's transfer mode and
+    prefix cache where the config leaves them)."""
+    return SimSettings(chunk_size_tokens=config.instance.chunk_size_tokens,
+                       max_batch_size=config.instance.max_batch_size,
+                       transfer_calls=config.sim.transfer_calls,
+                       monitor_interval_s=config.monitor.interval_s,
+                       transfer_mode=effective_transfer_mode(config),
+                       kv_layers=kv_layers(config),
+                       prefix_block_tokens=effective_prefix_block_tokens(config),
+                       instance_startup_s=config.sim.instance_startup_s, seed=config.seed,
+                       max_span_steps=max_span_steps)
+
+
+def policy_setup(config: Config, perf: PerfModel,
+                 layout: ClusterLayout | None = None) -> PolicySetup:
+    """What building the config's policy needs in a simulation with `perf` (`layout`: the
+    cluster's GPU groups, when the config gives some)."""
+    cluster = config.cluster
+    perfs: tuple[PerfModel, ...] = layout.perfs if layout else ()
+    return PolicySetup(
+        perfs[0] if perfs else perf, config.slo.targets(), config.policy,
+        instances=len(perfs) if layout else int(cluster.instances),
+        prefill=layout.count(Role.PREFILL) if layout else cluster.prefill,
+        decode=layout.count(Role.DECODE) if layout else cluster.decode,
+        reserve=cluster.reserve, perfs=perfs,
+        roles=layout.roles if layout and config.policy.name == "flowkv" else (),
+        chunk_size_tokens=config.instance.chunk_size_tokens,
+        max_batch_size=config.instance.max_batch_size,
+        monitor_window_s=config.monitor.window_s,
+        prefix_block_tokens=effective_prefix_block_tokens(config),  # 0: flowkv's own
+        seed=config.seed)
+
+
 @dataclass
 class Experiment:
     config: Config
@@ -104,22 +136,9 @@ class Experiment:
     def policy_setup(self, layout: ClusterLayout | None = None) -> PolicySetup:
         """What building the config's policy needs, on this run's cluster (`layout`: its
         GPU groups, when the config gives some)."""
-        config, cluster = self.config, self.config.cluster
-        perfs: tuple[PerfModel, ...] = layout.perfs if layout else ()
-        return PolicySetup(
-            perfs[0] if perfs else self.perf, self.slo, config.policy,
-            instances=len(perfs) if layout else int(cluster.instances),
-            prefill=layout.count(Role.PREFILL) if layout else cluster.prefill,
-            decode=layout.count(Role.DECODE) if layout else cluster.decode,
-            reserve=cluster.reserve, perfs=perfs,
-            roles=layout.roles if layout and config.policy.name == "flowkv" else (),
-            chunk_size_tokens=config.instance.chunk_size_tokens,
-            max_batch_size=config.instance.max_batch_size,
-            monitor_window_s=config.monitor.window_s,
-            prefix_block_tokens=effective_prefix_block_tokens(config),  # 0: flowkv's own
-            seed=config.seed)
+        return policy_setup(self.config, self.perf, layout)
 
-    def simulate(self, rate_scale: float | None = None, max_span_steps: int = 1 << 20,
+    def simulate(self, rate_scale: float | None = None, max_span_steps: int = MAX_SPAN_STEPS,
                  on_progress: Callable[[int], None] | None = None) -> SimResult:
         """One run at `rate_scale` (the config's by default)."""
         config = self.config
@@ -127,11 +146,7 @@ class Experiment:
                   else None)
         perfs: tuple[PerfModel, ...] = layout.perfs if layout else ()
         policy, count = build_policy(self.policy_setup(layout))
-        settings = SimSettings(config.instance.chunk_size_tokens, config.instance.max_batch_size,
-                               config.sim.transfer_calls, config.monitor.interval_s,
-                               max_span_steps, effective_transfer_mode(config), kv_layers(config),
-                               effective_prefix_block_tokens(config),
-                               config.sim.instance_startup_s, config.seed)
+        settings = sim_settings(config, max_span_steps)
         workload = self.workload.scaled(config.workload.rate_scale if rate_scale is None
                                         else rate_scale)
         if layout is not None:

@@ -87,14 +87,15 @@ def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
 
 
 class Simulator:
-    """`perf` is one performance model for every instance or one per instance; `topology`
-    places the instances and names their links (default: all on one node, each on its own
-    model's GPU link)."""
+    """`perf` is one performance model for every instance or one per instance; `settings`
+    are the run's config values (`pdserve.sim.runner.sim_settings`); `topology` places the
+    instances and names their links (default: all on one node, each on its own model's GPU
+    link)."""
 
     def __init__(self, policy: Policy, num_instances: int,
-                 perf: PerfModel | Sequence[PerfModel], settings: SimSettings | None = None,
+                 perf: PerfModel | Sequence[PerfModel], settings: SimSettings,
                  topology: Topology | None = None) -> None:
-        self.settings = settings or SimSettings()
+        self.settings = settings
         self.perfs = [perf] * num_instances if isinstance(perf, PerfModel) else list(perf)
         if len(self.perfs) != num_instances:
             raise ValueError(f"{len(self.perfs)} performance models for {num_instances} "

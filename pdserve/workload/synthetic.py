@@ -47,7 +47,7 @@ def sample_lengths(spec: str, count: int, rng: np.random.Generator) -> tuple[np.
                      f"uniform:LO-HI:LO-HI or lognormal:MEAN_IN:MEAN_OUT:SIGMA")
 
 
-def synthetic_workload(num_requests: int, rate_rps: float, lengths: str = "fixed:512:128",
+def synthetic_workload(num_requests: int, rate_rps: float, lengths: str,
                        arrival: str = "poisson", cv: float = 1.0, seed: int = 0) -> Workload:
     if num_requests < 1:
         raise ValueError(f"num_requests must be at least 1, got {num_requests}")

@@ -36,6 +36,7 @@ from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
 from pdserve.policies.arrow.profiling import TtftPredictor
+from pdserve.policies.arrow.settings import ArrowSettings
 from pdserve.types import Role
 
 
@@ -49,8 +50,9 @@ class ArrowContext:
     max_batch_size: int
     low_fraction: float = 0.8
     busy_fraction: float = 0.5
-    min_dwell_s: float = 5.0
-    monitor_cooldown_s: float = 5.0
+    # flip damping: `ArrowSettings` (the config's `policy.arrow`) states the defaults
+    min_dwell_s: float = ArrowSettings.min_dwell_s
+    monitor_cooldown_s: float = ArrowSettings.monitor_cooldown_s
     flipped_at_s: dict[int, float] = field(default_factory=dict)  # last side change
     monitor_flipped_at_s: float = float("-inf")
 

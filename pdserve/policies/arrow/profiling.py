@@ -101,7 +101,8 @@ def profile_ttft(perf: PerfModel, chunk_size_tokens: int,
     for n in lengths:
         if blocks_for(n + 1) > total_blocks:  # its KV does not fit in the instance's blocks
             continue
-        local = LocalScheduler(0, total_blocks, chunk_size_tokens)
+        local = LocalScheduler(0, total_blocks, chunk_size_tokens,
+                               max_batch_size=1)  # one request: the cap never binds
         local.enqueue_prefill(Request(0, 0.0, n, 2))
         elapsed = 0.0
         while True:

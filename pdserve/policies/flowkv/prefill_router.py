@@ -20,7 +20,7 @@ from pdserve.types import Request, attn_units
 
 
 class FlowKVPrefillRouter:
-    def __init__(self, context: FlowKVContext, prefix_aware: bool = True) -> None:
+    def __init__(self, context: FlowKVContext, prefix_aware: bool) -> None:
         self.context = context
         self.prefix_aware = prefix_aware
 

@@ -49,7 +49,7 @@ class TaiChiContext:
     settings: TaiChiSettings
     slo: SLO
     perf: PerfModel
-    max_batch_size: int = 256  # sequences per instance batch (the local scheduler's cap)
+    max_batch_size: int  # sequences per instance batch (the local scheduler's cap)
     decodes: dict[int, DecodeTrack] = field(default_factory=dict)  # by request id
 
     def track(self, request: Request) -> None:

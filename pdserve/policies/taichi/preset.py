@@ -41,8 +41,9 @@ class TaiChiRoles:
 
 
 def build_taichi(perf: PerfModel, slo: SLO, p_heavy: int, d_heavy: int,
-                 settings: TaiChiSettings, max_batch_size: int = 256) -> tuple[Policy, int]:
-    """The policy for R_PD = p_heavy : d_heavy and the other sliders in `settings`."""
+                 settings: TaiChiSettings, max_batch_size: int) -> tuple[Policy, int]:
+    """The policy for R_PD = p_heavy : d_heavy and the other sliders in `settings`, on
+    instances batching at most `max_batch_size` sequences."""
     layout = TaiChiLayout.of(p_heavy, d_heavy, settings)
     context = TaiChiContext(layout, settings, slo, perf, max_batch_size)
     policy = Policy(name="taichi", prefill_router=TaiChiPrefillRouter(context),
