@@ -30,7 +30,7 @@ ROOT = Path(pdserve.__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 # packages of the extras, none of which the simulate or plan path may need
 EXTRAS_ONLY = ("torch", "fastapi", "uvicorn", "ray", "transformers", "gguf", "tokenizers",
-               "safetensors", "jinja2", "httpx")
+               "safetensors", "jinja2", "httpx", "llguidance")
 
 SCRIPT = textwrap.dedent('''
     import contextlib, io, json, os, sys

@@ -200,9 +200,9 @@ def counting_tokenizer(monkeypatch, tokenizer: TextTokenizer) -> list[int]:
     encoded: list[int] = []
     original = tokenizer.encode_batch
 
-    def encode_batch(texts: list[str]) -> list[list[int]]:
+    def encode_batch(texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
         encoded.extend(len(text) for text in texts)
-        return original(texts)
+        return original(texts, add_special_tokens)
 
     monkeypatch.setattr(tokenizer, "encode_batch", encode_batch)
     return encoded

@@ -5,12 +5,16 @@ Templates render as Hugging Face's `apply_chat_template` renders them: a sandbox
 environment (no attribute access to Python internals, no mutation of its inputs) with
 `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `tojson` filter that keeps
 non-ASCII text, and the globals `raise_exception` and `strftime_now`; the variables are
-`messages`, `add_generation_prompt`, `bos_token` and `eos_token`. A template's own refusal
-(`raise_exception`, e.g. roles out of order) raises `TemplateRefusal` with its message.
+`messages`, `add_generation_prompt`, `bos_token` and `eos_token`, plus whatever the request
+adds (`variables`: vLLM's `chat_template_kwargs`, `documents`, `reasoning_effort`). With
+`continue_final_message` the text ends right after the final message's content, left open
+for the model to continue (Hugging Face's rule: cut after the last occurrence of that
+content). A template's own refusal (`raise_exception`, e.g. roles out of order) raises
+`TemplateRefusal` with its message.
 
 The generic layout uses the shipped tokenizer's role markers (`<|system|>`, `<|user|>`,
 `<|assistant|>`); `developer` is a system message and a `tool` result a user turn naming
-its call.
+its call. It has no variables: the request's extra ones have nothing to change there.
 
 `end_of_turn_text()` finds the text a template puts right after an assistant message's
 content (SmolLM2 and Qwen2: `<|im_end|>`, Llama 3: `<|eot_id|>`) by rendering a marked
@@ -45,6 +49,21 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _open_final_message(text: str, messages: list[dict[str, str]]) -> str:
+    """`text` cut right after the final message's content (Hugging Face's
+    `continue_final_message`: the last occurrence of the stripped content; the content's own
+    trailing whitespace is kept where the template kept it)."""
+    final = messages[-1]["content"] if messages else ""
+    stripped = final.strip()
+    if stripped not in text:
+        raise TemplateRefusal("continue_final_message: the final message does not appear in "
+                              "the rendered chat")
+    start = text.rindex(stripped)
+    if text[start:start + len(final.lstrip())] == final.lstrip():
+        return text[:start + len(final.lstrip())]
+    return text[:start + len(stripped)]
+
+
 class ChatTemplate:
     def __init__(self, source: str | None = None, bos_token: str = "", eos_token: str = "",
                  origin: str = "") -> None:
@@ -77,17 +96,25 @@ class ChatTemplate:
             raise ValueError(f"--chat-template: no such file {file}")
         return cls(file.read_text(), bos_token, eos_token, origin=str(file))
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+               continue_final_message: bool = False,
+               variables: dict[str, Any] | None = None) -> str:
+        if continue_final_message and add_generation_prompt:
+            raise TemplateRefusal("continue_final_message and add_generation_prompt cannot "
+                                  "both be true")
         if self._template is None:
-            return self._generic(messages, add_generation_prompt)
-        try:
-            return self._template.render(messages=messages,
-                                         add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
-        except TemplateRefusal:
-            raise
-        except Exception as err:  # a bug in the template, or input it cannot handle
-            raise TemplateRefusal(f"the chat template refused them: {err}") from err
+            text = self._generic(messages, add_generation_prompt)
+        else:
+            try:
+                text = self._template.render(**(variables or {}), messages=messages,
+                                             add_generation_prompt=add_generation_prompt,
+                                             bos_token=self.bos_token,
+                                             eos_token=self.eos_token)
+            except TemplateRefusal:
+                raise
+            except Exception as err:  # a bug in the template, or input it cannot handle
+                raise TemplateRefusal(f"the chat template refused them: {err}") from err
+        return _open_final_message(text, messages) if continue_final_message else text
 
     def end_of_turn_text(self) -> str:
         """The first whitespace-free text after an assistant message ("" if none)."""

@@ -7,18 +7,30 @@ segment allocator and grow with the sequence, continuing its last run where poss
 The local scheduler decides admission and preemption with block counts over the same
 number of blocks; the engine owns the real block ids.
 
-Stops: an EOS token (unless `ignore_eos`), a stop string in the generated text (the text is
-cut before it), or `max_tokens`; before `min_tokens` output tokens neither EOS nor a stop
-string ends a sequence. Each sampled token also returns the final hidden state at that
+Stops: an EOS token (unless `ignore_eos`) or one of `stop_token_ids`, a stop string in the
+generated text (the text is cut before it), a structured-output constraint that admits
+nothing more, or `max_tokens`; before `min_tokens` output tokens neither a stop token nor a
+stop string ends a sequence. Each sampled token also returns the final hidden state at that
 position (the input of an output-length predictor) and, when asked, its logprobs
-(`sampling.TokenLogprob`, from the raw logits); a sequence asking for prompt logprobs gets
-them computed during its first prefill. With `hidden_state_every_tokens=k` the engine also
-keeps that hidden state whenever a sequence's output count reaches a multiple of k, for the
-length predictor (`take_hidden_states`, `hidden_capture.py`).
+(`sampling.TokenLogprob`, from the raw logits: for a constrained sequence too, see
+`sampling.py`); a sequence asking for prompt logprobs gets them computed during its first
+prefill.
+
+Structured outputs (`structured_output.py`): a sequence whose params carry a constraint gets a
+matcher from the engine's `GrammarCompiler` (built on first use); the sampler masks what the
+matcher disallows (`logits_processing.py`), and each sampled token advances it. EOS is
+allowed only where the constraint accepts the output; once it admits nothing more the
+sequence ends with "stop" (without sampling an EOS).
+
+With `hidden_state_every_tokens=k` the engine also keeps that hidden state whenever a
+sequence's output count reaches a multiple of k, for the length predictor
+(`take_hidden_states`, `hidden_capture.py`).
 
 Sampling is a pure function of (seed or request id, output index, logits) (`sampling.py`),
 so a sequence resumed from tokens already generated (`add(..., resume_ids)`) or adopted
-from another instance continues exactly as it would have in place.
+from another instance continues exactly as it would have in place; its constraint matcher
+is rebuilt by advancing it through those tokens (`rewind` does the same after a failed
+batch).
 
 A sequence and its KV move between instances: `export` describes a sequence's KV for a
 hand-off; `adopt` creates the sequence on the receiving engine with blocks for it;
@@ -50,6 +62,7 @@ from pdserve.engine.sampling import TokenLogprob, sample_batch, token_logprobs
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.sequence import Sequence, TokenOutput
 from pdserve.engine.sessions import HistoryRef, SessionKVStore
+from pdserve.engine.structured_output import GrammarCompiler
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.engine.transfer import KVHandoff, copy_aligned
@@ -83,6 +96,7 @@ class Engine:
         self.reused_tokens_total = 0  # tokens whose KV a session's history provided
         # every k generated tokens, a sequence's hidden vector for the length predictor
         self.hidden_capture = HiddenStateCapture(hidden_state_every_tokens)
+        self._grammars: GrammarCompiler | None = None  # built by the first constraint
         if not self.where.on_cpu and self.where.cuda_graphs and num_blocks > 1:
             self.enable_decode_graphs()
 
@@ -116,16 +130,11 @@ class Engine:
         if len(resume_ids) >= params.max_tokens:
             raise ValueError(f"{len(resume_ids)} resumed tokens leave nothing to generate "
                              f"under max_tokens {params.max_tokens}")
-        stream = None
-        if params.stop:
-            if self.tokenizer is None:
-                raise ValueError("stop strings need a tokenizer; this model has none")
-            stream = TextStream(self.tokenizer, params.stop, params.min_tokens)
-            for token in resume_ids:
-                stream.push(token)
+        self._check_vocab("stop token", params.stop_token_ids)
         sequence = Sequence(
             request_id, list(prompt_ids) + list(resume_ids), len(prompt_ids), params,
-            stream=stream, prompt_logprobs=[] if params.prompt_logprobs is None else [None])
+            prompt_logprobs=[] if params.prompt_logprobs is None else [None])
+        self._follow_output(sequence)
         self.sequences[request_id] = sequence
         if session_id < 0 or session_id not in self.sessions:
             return 0
@@ -133,6 +142,39 @@ class Engine:
                                                       len(sequence.token_ids) - 1)
         sequence.computed_tokens = tokens
         return tokens
+
+    def _follow_output(self, sequence: Sequence) -> None:
+        """The sequence's stop-string stream and constraint matcher, advanced through its
+        output so far (resumed, adopted or kept after a rewind)."""
+        params, generated = sequence.params, sequence.generated
+        sequence.stream = None
+        if params.stop:
+            if self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer; this model has none")
+            sequence.stream = TextStream.for_params(self.tokenizer, params,
+                                                    self._eos_token_ids())
+            for token in generated:
+                sequence.stream.push(token)
+        sequence.grammar = None
+        if params.constraint is not None:
+            sequence.grammar = self.grammars().rebuild(params.constraint, generated)
+
+    def grammars(self) -> GrammarCompiler:
+        """The compiler of this engine's structured-output constraints (built on first use)."""
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise ValueError("structured outputs need a tokenizer; this model has none")
+            self._grammars = GrammarCompiler(self.tokenizer, self._eos_token_ids(),
+                                             self.model.config.vocab_size)
+        return self._grammars
+
+    def rewind(self, request_id: int, length: int) -> None:
+        """Forget the sequence's tokens past `length` (a batch that failed after sampling):
+        its stream and matcher follow the tokens kept."""
+        sequence = self.sequences[request_id]
+        if len(sequence.token_ids) > length:
+            del sequence.token_ids[length:]
+            self._follow_output(sequence)
 
     def _reuse_history(self, session_id: int, token_ids: list[int] | tuple[int, ...],
                        limit: int) -> tuple[int, list[int]]:
@@ -366,9 +408,13 @@ class Engine:
 
     def _stop_reason(self, sequence: Sequence, token: int) -> str:
         params = sequence.params
-        early = len(sequence.generated) < params.min_tokens  # EOS is masked there anyway
-        if token in self._eos_token_ids() and not params.ignore_eos and not early:
+        early = len(sequence.generated) < params.min_tokens  # stop tokens are masked there
+        if token in params.stop_tokens(self._eos_token_ids()) and not early:
             return "stop"
+        if sequence.grammar is not None:
+            sequence.grammar.advance(token)
+            if sequence.grammar.complete:
+                return "stop"
         if sequence.stream is not None:
             sequence.stream.push(token)
             if sequence.stream.stopped:
@@ -382,4 +428,7 @@ class Engine:
         sequence = self.sequences[request_id]
         if sequence.stream is not None:
             return sequence.stream.text
-        return self.tokenizer.decode(sequence.generated) if self.tokenizer else ""
+        params = sequence.params
+        return self.tokenizer.decode(sequence.generated, params.skip_special_tokens,
+                                     params.spaces_between_special_tokens
+                                     ) if self.tokenizer else ""

@@ -2,8 +2,12 @@
 repetition penalty of Keskar et al. 2019 (CTRL) as Hugging Face and vLLM apply it over prompt
 and output (a seen token's positive logit is divided by it, a negative one multiplied);
 OpenAI's presence and frequency penalties over the output tokens so far
-(`logit -= frequency * count + presence * (count > 0)`); and min_tokens, which masks EOS
-until that many output tokens exist.
+(`logit -= frequency * count + presence * (count > 0)`); min_tokens, which masks the stop
+tokens (EOS unless `ignore_eos`, and `stop_token_ids`) until that many output tokens exist;
+and last a structured-output constraint's mask (`structured_output.py`): every token its
+matcher does not allow next is -inf. On a constrained row, the stop tokens min_tokens masks
+and, with `ignore_eos`, EOS are masked only while the constraint allows some other token
+(where it allows nothing else, the output must end there).
 
 All are scatters over the batch's (row, token) occurrences: no Python loop over the
 vocabulary and no [rows, vocabulary] tensor besides the one copy of the logits.
@@ -20,13 +24,19 @@ from collections.abc import Sequence
 
 import torch
 
-from pdserve.engine.sampling_params import SamplingParams, SamplingState
+from pdserve.engine.sampling_params import SamplingParams, SamplingState, TokenConstraint
 
 
-def _suppresses_eos(row: SamplingState, eos_token_ids: Sequence[int]) -> bool:
+def _suppressed_stops(row: SamplingState, eos_token_ids: Sequence[int]) -> frozenset[int]:
+    """The stop tokens masked on this row: all of them before `min_tokens` output tokens."""
     params = row.params
-    return (bool(eos_token_ids) and not params.ignore_eos
-            and len(row.token_ids) - row.prompt_tokens < params.min_tokens)
+    if len(row.token_ids) - row.prompt_tokens >= params.min_tokens:
+        return frozenset()
+    return params.stop_tokens(tuple(eos_token_ids))
+
+
+def _constraint(row: SamplingState) -> TokenConstraint | None:
+    return getattr(row, "grammar", None)  # a state without one is unconstrained
 
 
 def _has_penalty(row: SamplingState) -> bool:
@@ -37,12 +47,15 @@ def _has_penalty(row: SamplingState) -> bool:
 
 def process_logits(logits: torch.Tensor, rows: Sequence[SamplingState],
                    eos_token_ids: Sequence[int] = ()) -> torch.Tensor | None:
-    """A float32 copy of `logits` ([rows, vocab]) with every row's bias, penalties and EOS
-    mask applied, or None when no row asks for any (the common case costs nothing)."""
+    """A float32 copy of `logits` ([rows, vocab]) with every row's bias, penalties, stop-token
+    and constraint masks applied, or None when no row asks for any (the common case costs
+    nothing)."""
     biased = [i for i, row in enumerate(rows) if row.params.logit_bias]
     penalized = [i for i, row in enumerate(rows) if _has_penalty(row)]
-    no_eos = [i for i, row in enumerate(rows) if _suppresses_eos(row, eos_token_ids)]
-    if not (biased or penalized or no_eos):
+    constrained = [i for i, row in enumerate(rows) if _constraint(row) is not None]
+    no_stop = [i for i, row in enumerate(rows)
+               if _constraint(row) is None and _suppressed_stops(row, eos_token_ids)]
+    if not (biased or penalized or no_stop or constrained):
         return None
     scores = logits.to(torch.float32, copy=True)
     vocab = scores.shape[1]
@@ -56,11 +69,34 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingState],
     if penalized:
         _penalize(scores, penalized, [rows[i].params for i in penalized],
                   *_occurrences([rows[i] for i in penalized], vocab))
-    if no_eos:
-        eos = torch.tensor([token for token in eos_token_ids if 0 <= token < vocab],
-                           dtype=torch.long)
-        scores[torch.tensor(no_eos).unsqueeze(1), eos.unsqueeze(0)] = -math.inf
+    if no_stop:
+        entries = [(i, token) for i in no_stop
+                   for token in _suppressed_stops(rows[i], eos_token_ids) if 0 <= token < vocab]
+        if entries:
+            at_rows, at_tokens = zip(*entries, strict=True)
+            scores[torch.tensor(at_rows), torch.tensor(at_tokens)] = -math.inf
+    for i in constrained:
+        _constrain(scores[i], rows[i], eos_token_ids)
     return scores
+
+
+def _constrain(row_scores: torch.Tensor, row: SamplingState,
+               eos_token_ids: Sequence[int]) -> None:
+    """-inf wherever the row's constraint does not allow the next token (in place)."""
+    constraint = _constraint(row)
+    assert constraint is not None
+    vocab = row_scores.shape[0]
+    allowed = constraint.allowed_tokens(vocab)
+    unwanted = set(_suppressed_stops(row, eos_token_ids))
+    if row.params.ignore_eos:
+        unwanted.update(eos_token_ids)
+    unwanted_ids = torch.tensor([t for t in unwanted if 0 <= t < vocab], dtype=torch.long)
+    if len(unwanted_ids):
+        without = allowed.clone()
+        without[unwanted_ids] = False
+        if bool(without.any()):
+            allowed = without
+    row_scores.masked_fill_(~allowed, -math.inf)
 
 
 def _penalize(scores: torch.Tensor, batch_rows: list[int], params: list[SamplingParams],

@@ -2,10 +2,17 @@
 
 One call samples the next token of every sequence in a batch from its logits row:
 logit bias, OpenAI presence/frequency penalties (over the output so far), the HF/vLLM
-repetition penalty (over prompt and output) and min_tokens' EOS suppression change the
-logits (`logits_processing.py`); then greedy rows take the argmax and the others are
-sampled with temperature, top-k, top-p and min-p. A batch of plain greedy rows is one
+repetition penalty (over prompt and output), min_tokens' stop-token suppression and a
+structured-output constraint's mask change the logits (`logits_processing.py`, on the
+host-side float32 logits, so the CPU and GPU engines mask alike); then greedy rows take the
+argmax and the others are sampled with temperature, top-k, top-p and min-p (over the tokens
+the constraint allows: the others have probability 0). A batch of plain greedy rows is one
 argmax.
+
+Logprobs (`token_logprobs`) are always those of the raw model distribution, before any of
+these changes: for a request with a structured-output constraint too, so a constrained
+token's logprob says how likely the model found it unconstrained (vLLM reports the
+processed distribution instead; pdserve reports the raw one for every request alike).
 
 Seeded draws are a pure function of (seed, or the request id without one; the index of the
 output token; the logits): the draw's uniform number comes from a hash of the first two and

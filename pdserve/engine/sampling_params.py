@@ -1,6 +1,11 @@
 """What a request asks of the sampler (`SamplingParams`, validated on construction) and what
 the sampler and the logits processing read of a sequence (`SamplingState`).
 
+A structured-output constraint travels as `OutputConstraint`, a plain description (kind and
+text) that pickles into `AddRequest` and `KVHandoff`; the worker compiles it
+(`structured_output.py`) and keeps a matcher per sequence (`TokenConstraint`), which the
+logits processing reads to mask disallowed tokens.
+
 Its own module because both `sampling.py` (the sampler) and `logits_processing.py` (bias,
 penalties and min_tokens, applied before sampling) read them, and the sampler calls the
 logits processing: the two share these types, not each other.
@@ -10,13 +15,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 GREEDY_BELOW = 1e-5  # a temperature under this is greedy
 MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs limit)
 _SEED_MIN, _SEED_END = -(2 ** 63), 2 ** 64  # what torch and numpy accept as seeds
 _PENALTY_LIMIT = 2.0  # OpenAI's range for presence and frequency penalties
 _BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias
+CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What the output must match: `kind` "json" (`text`: a JSON Schema, llguidance's
+    `x-guidance` options inside), "regex", "choice" (`text`: a JSON list of strings) or
+    "grammar" (Lark, or GBNF/EBNF, as llguidance takes it)."""
+
+    kind: str
+    text: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS or type(self.text) is not str:
+            raise ValueError(f"constraint must be one of {CONSTRAINT_KINDS} with a text, got "
+                             f"{self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -36,6 +60,11 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop strings are ignored before this many output tokens
     logprobs: int | None = None  # None: none; k: the sampled token's plus the top k
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's plus the top k
+    stop_token_ids: tuple[int, ...] = ()  # end the output as EOS does (not under ignore_eos)
+    include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text)
+    skip_special_tokens: bool = True  # special tokens have no text in the output
+    spaces_between_special_tokens: bool = True  # False: nothing between adjacent specials
+    constraint: OutputConstraint | None = None  # structured output: what the text must match
 
     def __post_init__(self) -> None:
         def refuse(name: str, rule: str) -> None:
@@ -49,6 +78,10 @@ class SamplingParams:
                 refuse(name, "an integer")
         if any(type(token_id) is not int for token_id, _ in self.logit_bias):
             refuse("logit_bias", "keyed by integer token ids")
+        if any(type(token_id) is not int or token_id < 0 for token_id in self.stop_token_ids):
+            refuse("stop_token_ids", "non-negative integer token ids")
+        if self.constraint is not None and not isinstance(self.constraint, OutputConstraint):
+            refuse("constraint", "an OutputConstraint")
         if self.max_tokens < 1:
             refuse("max_tokens", "at least 1")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -81,9 +114,24 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
+    def stop_tokens(self, eos_token_ids: tuple[int, ...] | list[int]) -> frozenset[int]:
+        """The tokens that end the output: EOS (unless `ignore_eos`) and `stop_token_ids`
+        (vLLM's rule: `ignore_eos` leaves `stop_token_ids` in force)."""
+        eos = () if self.ignore_eos else tuple(eos_token_ids)
+        return frozenset((*eos, *self.stop_token_ids))
+
+
+class TokenConstraint(Protocol):
+    """A sequence's structured-output matcher, as the logits processing reads it."""
+
+    def allowed_tokens(self, vocab_size: int) -> torch.Tensor:
+        """A bool [vocab_size] mask of the tokens the constraint allows next."""
+        ...
+
 
 class SamplingState(Protocol):
-    """What the sampler reads of a sequence (the engine's `Sequence`, `sequence.py`, has it)."""
+    """What the sampler reads of a sequence (the engine's `Sequence`, `sequence.py`, has it;
+    one without `grammar` is unconstrained)."""
 
     request_id: int
     params: SamplingParams

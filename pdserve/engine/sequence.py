@@ -13,6 +13,7 @@ import torch
 
 from pdserve.engine.sampling import TokenLogprob
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.structured_output import ConstraintMatcher
 from pdserve.engine.text_stream import TextStream
 
 
@@ -24,8 +25,9 @@ class Sequence:
     params: SamplingParams
     computed_tokens: int = 0  # tokens whose KV is in the pool
     blocks: list[int] = field(default_factory=list)
-    finish_reason: str = ""  # "stop" (EOS or stop string) or "length"
+    finish_reason: str = ""  # "stop" (a stop token or string, the constraint done) or "length"
     stream: TextStream | None = None  # stop-string detection (when there are stop strings)
+    grammar: ConstraintMatcher | None = None  # the structured-output constraint's matcher
     # if asked: one per prompt token (None for the first, which has no context)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     shared_blocks: int = 0  # leading blocks owned by the prefix cache (not freed with it)

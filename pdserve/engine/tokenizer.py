@@ -45,6 +45,7 @@ class TextTokenizer:
         self._tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self._max_token_bytes: int | None = None
+        self._special_ids: frozenset[int] | None = None
 
     @classmethod
     def shipped(cls) -> TextTokenizer:
@@ -68,10 +69,13 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False
+                     ) -> list[list[int]]:
         """Like `encode` for each text; releases the GIL while it runs (a server thread
-        tokenising a long prompt does not stall the event loop)."""
-        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+        tokenising a long prompt does not stall the event loop). `add_special_tokens`: what
+        the tokenizer's post-processor adds (e.g. a BOS), where it has one."""
+        return [e.ids for e in self._tokenizer.encode_batch(
+            texts, add_special_tokens=add_special_tokens)]
 
     @property
     def max_token_bytes(self) -> int:
@@ -85,12 +89,48 @@ class TextTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (a byte-level BPE token may be part of a UTF-8
         character, so its text alone cannot say)."""
+        return self._token_bytes(token_id, self._byte_level())
+
+    def _byte_level(self) -> bool:
+        decoder = self._tokenizer.decoder
+        return "ByteLevel" in type(decoder).__name__ + repr(decoder)
+
+    def _token_bytes(self, token_id: int, byte_level: bool) -> bytes:
         entry = self._tokenizer.id_to_token(token_id) or ""
-        if "ByteLevel" in type(self._tokenizer.decoder).__name__ + repr(self._tokenizer.decoder):
+        if byte_level:
             table = _byte_of_char()
             if all(char in table for char in entry):
                 return bytes(table[char] for char in entry)
         return self._tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+    def token_bytes_table(self) -> list[bytes]:
+        """`token_bytes` of every id of the vocabulary, in id order."""
+        byte_level = self._byte_level()
+        return [self._token_bytes(i, byte_level) for i in range(self.vocab_size)]
+
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids of the special (control) tokens: `<|im_end|>`, `<|end_of_text|>`, ..."""
+        if self._special_ids is None:
+            self._special_ids = frozenset(
+                i for i, token in self._tokenizer.get_added_tokens_decoder().items()
+                if token.special)
+        return self._special_ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True,
+               spaces_between_special_tokens: bool = True) -> str:
+        """The text of `token_ids`. With special tokens kept, `spaces_between_special_tokens`
+        False writes a special token that follows another as its bare content, without what
+        the decoder would put before it (vLLM's rule for fast tokenizers; a byte-level BPE
+        decoder puts nothing there, so the text is the same)."""
+        if skip_special_tokens or spaces_between_special_tokens:
+            return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        special = self.special_token_ids()
+        pieces, start = [], 0
+        for i in range(1, len(token_ids)):
+            if token_ids[i] in special and token_ids[i - 1] in special:
+                pieces.append(self._tokenizer.decode(token_ids[start:i],
+                                                     skip_special_tokens=False))
+                pieces.append(self._tokenizer.id_to_token(token_ids[i]) or "")
+                start = i + 1
+        pieces.append(self._tokenizer.decode(token_ids[start:], skip_special_tokens=False))
+        return "".join(pieces)

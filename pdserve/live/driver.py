@@ -180,7 +180,8 @@ class LiveDriver:
         if session:
             self.sessions.attach(request, session)
         live = LiveRequest(request, tuple(prompt_ids), params,
-                           TextStream(self.tokenizer, params.stop, params.min_tokens),
+                           TextStream.for_params(self.tokenizer, params,
+                                                 self.tokenizer.eos_token_ids),
                            client_id=self._next_id)
         self.live[request.request_id] = live
         self.metrics.count("requests")

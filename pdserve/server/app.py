@@ -34,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from pdserve.engine.chat_template import ChatTemplate
+from pdserve.engine.structured_output import GrammarCompiler
 from pdserve.live.driver import LiveDriver, LiveRequest, Overloaded
 from pdserve.live.server_metrics import Family
 from pdserve.server import openapi
@@ -83,6 +84,8 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
     version = package_version()
     unknown = unknown_fields if unknown_fields is not None else UnknownFields()
     tokenizer, template = driver.tokenizer, settings.chat_template
+    # structured-output constraints are compiled at the door too (a bad one is a 400)
+    grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, settings.vocab_size)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -117,12 +120,15 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
 
     def admit(prepared: Prepared, chat: bool, session: str = "") -> list[Choice]:
         choices: list[Choice] = []
-        end_tokens = tokenizer.eos_token_ids if chat else ()
         try:
             for index, params in enumerate(prepared.params):
                 prompt = prepared.prompt_of(index)
                 live: LiveRequest = driver.submit(prepared.prompts[prompt], params, session)
                 echo = prepared.echo_texts[prompt] if prepared.echo_texts else ""
+                # the token that ends a chat answer is not part of the message (unless the
+                # request keeps its text: include_stop_str_in_output)
+                end_tokens = tuple(params.stop_tokens(tokenizer.eos_token_ids)) if (
+                    chat and not params.include_stop_str_in_output) else ()
                 formatter = (LogprobFormatter(tokenizer, chat, len(echo), end_tokens)
                              if prepared.logprobs else None)
                 choices.append(Choice(index, live, formatter, echo))
@@ -209,7 +215,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         check_key(request)
         body = await read_body(request, settings.max_body_bytes)
         prepared = await asyncio.to_thread(prepare_completion, body, name, tokenizer, limits,
-                                           unknown)
+                                           unknown, grammars)
         return await respond(request, prepared, chat=False)
 
     @app.post("/v1/chat/completions", response_model=None,
@@ -221,7 +227,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         check_key(request)
         body = await read_body(request, settings.max_body_bytes)
         prepared = await asyncio.to_thread(prepare_chat, body, name, tokenizer, limits,
-                                           template, unknown)
+                                           template, unknown, grammars)
         return await respond(request, prepared, chat=True)
 
     @app.post("/tokenize", response_model=None,

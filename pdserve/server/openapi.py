@@ -305,10 +305,14 @@ def document(app: FastAPI, served: str, vocab_size: int, version: str) -> dict[s
             body["properties"]["prompt"] = prompt_schema(vocab_size)
         if model is DetokenizeRequest:
             body["properties"]["tokens"] = token_ids_schema(vocab_size)
+        if "stop_token_ids" in body["properties"]:
+            ids = body["properties"]["stop_token_ids"]["anyOf"][0]["items"]
+            ids.update(minimum=0, maximum=vocab_size - 1)
         if model is TokenizeCompletionRequest:  # a body with messages is a chat
             body["not"] = {"required": ["messages"]}
         components[model.__name__] = body
     components["ChatMessage"] = message_schema()
+    _restrict_structured_outputs(components)
     components.pop("TextPart", None)
     for name in ("ChatCompletionRequest", "TokenizeChatRequest"):
         _restrict_unsupported(components[name]["properties"])
@@ -326,21 +330,43 @@ def document(app: FastAPI, served: str, vocab_size: int, version: str) -> dict[s
     return schema
 
 
+def _restrict_structured_outputs(components: dict[str, Any]) -> None:
+    """Structural tags are refused: the schema says so; a json_schema response format needs
+    its schema; a list of choices is not empty."""
+    kinds = components["ResponseFormat"]["properties"]["type"]
+    kinds["enum"] = [kind for kind in kinds["enum"] if kind != "structural_tag"]
+    components["ResponseFormat"]["if"] = {"properties": {"type": {"const": "json_schema"}}}
+    components["ResponseFormat"]["then"] = {"required": ["json_schema"], "properties": {
+        "json_schema": {"type": "object", "required": ["schema"]}}}
+    options = components["StructuredOutputs"]["properties"]
+    options["structural_tag"] = {"type": "null", "description": "not supported"}
+
+
 def _restrict_unsupported(properties: dict[str, Any]) -> None:
     """What the server refuses, written into the schema: only the values it takes."""
     only_empty_list = {"type": ["array", "null"], "maxItems": 0}
+    not_supported = {"type": "null", "description": "not supported: refused when set"}
     only = {
         "tools": {**only_empty_list, "description": "tool calling is not supported"},
         "tool_choice": {"enum": ["none", None], "description": "only 'none'"},
-        "response_format": {"type": ["object", "null"], "properties": {
-            "type": {"enum": ["text"]}}, "description": "only type 'text'"},
         "suffix": {"type": ["string", "null"], "maxLength": 0,
                    "description": "not supported: refused when not empty"},
-        "continue_final_message": {"enum": [False], "description": "not supported"},
-        "chat_template": {"type": "null", "description": "not supported"},
-        "chat_template_kwargs": {"type": ["object", "null"], "maxProperties": 0,
-                                 "description": "not supported"},
+        "chat_template": not_supported,
+        "structural_tag": not_supported,
+        "truncate_prompt_tokens": not_supported,
+        "allowed_token_ids": not_supported,
+        "prompt_logprobs": not_supported,
+        "prompt_embeds": not_supported,
+        "logits_processors": {**only_empty_list, "description": "not supported"},
+        "bad_words": {**only_empty_list, "description": "not supported"},
+        **{name: {"enum": [False, None], "description": "not supported: refused when true"}
+           for name in ("use_beam_search", "return_tokens_as_token_ids", "return_token_ids")},
+        **{name: {"enum": [0, None], "description": "not supported: refused unless 0"}
+           for name in ("max_repetition_pattern_size", "min_repetition_pattern_size",
+                        "repetition_min_count")},
     }
+    if "messages" in properties:  # a chat's echo is vLLM's (not a completion's): refused
+        only["echo"] = {"enum": [False, None], "description": "not supported: refused when true"}
     for name, schema in only.items():
         if name in properties:
             properties[name] = schema

@@ -10,9 +10,15 @@ from dataclasses import dataclass
 
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.structured_output import GrammarCompiler
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.server.body import parse_json_object
-from pdserve.server.chat_template import check_chat_unsupported, flatten_messages, render_chat
+from pdserve.server.chat_template import (
+    check_chat_unsupported,
+    flatten_messages,
+    render_chat,
+    request_chat_options,
+)
 from pdserve.server.errors import APIError
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
 from pdserve.server.unknown_fields import UnknownFields
@@ -26,6 +32,7 @@ from pdserve.server.validation import (
     max_tokens_for,
     parse_model,
     refuse_output_beyond_context,
+    refuse_unimplemented,
     sampling_params,
     split_prompts,
 )
@@ -61,8 +68,14 @@ def _stream_flags(body: CompletionRequest | ChatCompletionRequest) -> tuple[bool
     return stream, include, include and bool(options and options.continuous_usage_stats)
 
 
+def default_grammars(tokenizer: TextTokenizer, limits: Limits) -> GrammarCompiler:
+    """A compiler for the checks at the door (the app keeps one; tests may not pass it)."""
+    return GrammarCompiler(tokenizer, tokenizer.eos_token_ids, limits.vocab_size)
+
+
 def prepare_completion(raw_body: bytes, served: str, tokenizer: TextTokenizer,
-                       limits: Limits, unknown: UnknownFields | None = None) -> Prepared:
+                       limits: Limits, unknown: UnknownFields | None = None,
+                       grammars: GrammarCompiler | None = None) -> Prepared:
     body: CompletionRequest = parse_model(parse_json_object(raw_body), CompletionRequest,
                                           unknown)
     _check_model(body.model, served)
@@ -72,8 +85,10 @@ def prepare_completion(raw_body: bytes, served: str, tokenizer: TextTokenizer,
     originals = split_prompts(body.prompt)
     check_choices(len(originals), n)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    per_prompt = sampling_params(body, max_tokens, body.logprobs, limits)  # before tokenising
-    prompts = completion_prompts(originals, tokenizer, limits, max_tokens)
+    per_prompt = sampling_params(body, max_tokens, body.logprobs, limits,  # before tokenising
+                                 grammars or default_grammars(tokenizer, limits))
+    prompts = completion_prompts(originals, tokenizer, limits, max_tokens,
+                                 body.add_special_tokens is not False)
     params = per_prompt * len(prompts)  # choice p * n + i: sample i of prompt p
     echo = None
     if body.echo:
@@ -84,22 +99,26 @@ def prepare_completion(raw_body: bytes, served: str, tokenizer: TextTokenizer,
 
 
 def prepare_chat(raw_body: bytes, served: str, tokenizer: TextTokenizer, limits: Limits,
-                 template: ChatTemplate, unknown: UnknownFields | None = None) -> Prepared:
+                 template: ChatTemplate, unknown: UnknownFields | None = None,
+                 grammars: GrammarCompiler | None = None) -> Prepared:
     body: ChatCompletionRequest = parse_model(parse_json_object(raw_body),
                                               ChatCompletionRequest, unknown)
     _check_model(body.model, served)
     check_chat_unsupported(body)
+    refuse_unimplemented(body)
     n = body.n or 1
     stream, include_usage, continuous = _stream_flags(body)
     check_choices(1, n)
     check_stop(body.stop)  # the cheap checks before rendering and tokenising
-    text = render_chat(template, flatten_messages(body.messages))
+    text = render_chat(template, flatten_messages(body.messages), request_chat_options(body))
     limit, param = ((body.max_completion_tokens, "max_completion_tokens")
                     if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens"))
     refuse_output_beyond_context(limit, limits, param)
-    ids = encode_checked(tokenizer, text, limits, "messages", limit or 1)
+    ids = encode_checked(tokenizer, text, limits, "messages", limit or 1,
+                         bool(body.add_special_tokens))
     max_tokens = max_tokens_for(limit, len(ids), limits, param)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, logprobs, limits)
+    params = sampling_params(body, max_tokens, logprobs, limits,
+                             grammars or default_grammars(tokenizer, limits))
     return Prepared([ids], params, n, stream, include_usage, continuous, None,
                     logprobs is not None)

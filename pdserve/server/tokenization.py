@@ -11,9 +11,11 @@ the served model (404 otherwise).
 Where pdserve differs from vLLM: vLLM tokenizes a text of any length; pdserve refuses, before
 tokenising, a text that cannot fit the context (as for a completion's prompt: tokenising the
 8 MiB a body may hold costs ~9 s of CPU, and a count past the context is of no use to a
-client of this server); a token id outside the vocabulary is a 400 naming it. Chat fields
-that would change the rendering and that pdserve does not implement (`continue_final_message`,
-`chat_template`, `chat_template_kwargs`, `tools`) are refused with a 400 naming them.
+client of this server); a token id outside the vocabulary is a 400 naming it. A chat renders
+as a chat completion's does, with the same template inputs (`add_generation_prompt`,
+`continue_final_message`, `chat_template_kwargs`: `server/chat_template.py`); chat fields
+that would change the rendering and that pdserve does not implement (`chat_template`,
+`tools`) are refused with a 400 naming them.
 Everything runs in a worker thread, and a long token list is written out in slices, so the
 event loop is never held for long.
 """
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.server.body import parse_json_object
-from pdserve.server.chat_template import flatten_messages, render_chat
+from pdserve.server.chat_template import chat_options, flatten_messages, render_chat
 from pdserve.server.errors import APIError
 from pdserve.server.schemas import ChatMessage
 from pdserve.server.unknown_fields import UnknownFields
@@ -52,15 +54,17 @@ class TokenizeChatRequest(BaseModel):
     model_config = _STRICT
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    add_generation_prompt: bool = Field(True, description="end with the assistant's turn "
-                                        "opening, as a chat completion does")
+    add_generation_prompt: bool | None = Field(
+        None, description="end with the assistant's turn opening, as a chat completion does "
+        "(default true; false with continue_final_message)")
     add_special_tokens: bool = Field(False, description="add the tokenizer's special tokens "
                                      "on top of the chat template's")
     return_token_strs: bool | None = False
-    continue_final_message: bool = Field(False, description="not supported: refused when true")
+    continue_final_message: bool | None = Field(
+        False, description="leave the final message open for the model to continue")
     chat_template: str | None = Field(None, description="not supported: refused when set")
     chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="not supported: refused when not empty")
+        None, description="more variables for the chat template")
     tools: list[dict[str, Any]] | None = Field(None, description="not supported: refused when "
                                                "not empty")
 
@@ -87,9 +91,7 @@ def _check_model(name: str | None, served: str) -> None:
 
 
 def _check_chat_unsupported(body: TokenizeChatRequest) -> None:
-    refused = [("continue_final_message", body.continue_final_message),
-               ("chat_template", body.chat_template is not None),
-               ("chat_template_kwargs", bool(body.chat_template_kwargs)),
+    refused = [("chat_template", body.chat_template is not None),
                ("tools", bool(body.tools))]
     for name, given in refused:
         if given:
@@ -108,8 +110,8 @@ def tokenize(raw_body: bytes, served: str, tokenizer: TextTokenizer, limits: Lim
         body = parse_model(raw, TokenizeChatRequest, unknown)
         _check_model(body.model, served)
         _check_chat_unsupported(body)
-        text = render_chat(template, flatten_messages(body.messages),
-                           body.add_generation_prompt)
+        text = render_chat(template, flatten_messages(body.messages), chat_options(
+            body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs))
         param = "messages"
     else:
         body = parse_model(raw, TokenizeCompletionRequest, unknown)

@@ -4,10 +4,13 @@ Everything here runs in a worker thread (tokenisation releases the GIL), so a lo
 does not stall other streams. Every refusal is an `APIError(400)` naming the field:
 token ids outside the vocabulary, a prompt plus `max_tokens` beyond the context, seeds
 outside 0..2^63-1, more stop strings than `MAX_STOP_STRINGS` (or longer ones than
-`MAX_STOP_CHARS`), unsupported fields (`tools`, `response_format` other than text,
-`suffix`, non-text content parts, `echo` with `logprobs`). Cheap checks come first: a text
-that cannot fit is refused before it is tokenised, and each prompt of a list is checked
-against the context as soon as it is tokenised. Sampling values at the edge of
+`MAX_STOP_CHARS`), `stop_token_ids` outside the vocabulary or more than
+`MAX_STOP_TOKEN_IDS`, unsupported fields (`tools`, `suffix`, non-text content parts, `echo`
+with `logprobs`, and every vLLM field that would change the output and is not implemented:
+`refuse_unimplemented`), two structured-output constraints at once or one that does not
+compile (`constraints.py`). Cheap checks come first: a text that cannot fit is refused
+before it is tokenised, and each prompt of a list is checked against the context as soon as
+it is tokenised. Sampling values at the edge of
 what the engine can compute are clamped: a temperature or `top_p` below `GREEDY_BELOW`
 means greedy, `top_k` of -1 or at least the vocabulary means off.
 """
@@ -21,12 +24,15 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from pdserve.engine.sampling import SamplingParams
+from pdserve.engine.structured_output import GrammarCompiler
 from pdserve.engine.tokenizer import TextTokenizer
+from pdserve.server.constraints import checked_constraint
 from pdserve.server.errors import APIError
 from pdserve.server.schemas import (
     MAX_SEED,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
     ChatCompletionRequest,
     CompletionRequest,
 )
@@ -73,11 +79,11 @@ def _is_union_tag(part: object) -> bool:
 
 
 def encode_checked(tokenizer: TextTokenizer, text: str, limits: Limits, param: str,
-                   output_tokens: int) -> list[int]:
+                   output_tokens: int, add_special_tokens: bool = False) -> list[int]:
     """`text` tokenised and checked (not empty, in the vocabulary); a text that cannot fit
     beside `output_tokens` is refused before tokenising it (`refuse_unfit_text`)."""
     refuse_unfit_text(text, tokenizer, limits, param, output_tokens)
-    [ids] = tokenizer.encode_batch([text])  # releases the GIL while it runs
+    [ids] = tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)  # frees GIL
     check_token_ids(ids, limits, param)
     return ids
 
@@ -155,7 +161,8 @@ def split_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
 
 
 def completion_prompts(prompts: list[str | list[int]], tokenizer: TextTokenizer,
-                       limits: Limits, max_tokens: int) -> list[list[int]]:
+                       limits: Limits, max_tokens: int,
+                       add_special_tokens: bool = False) -> list[list[int]]:
     """Each prompt as checked token ids. Each is checked against the context as soon as it is
     tokenised (and every text that cannot fit is refused before any is tokenised), so an
     over-long prompt in a list costs at most its own tokenisation."""
@@ -167,7 +174,8 @@ def completion_prompts(prompts: list[str | list[int]], tokenizer: TextTokenizer,
     checked = []
     for prompt, param in zip(prompts, params, strict=True):
         if isinstance(prompt, str):
-            ids = encode_checked(tokenizer, prompt, limits, param, max_tokens)
+            ids = encode_checked(tokenizer, prompt, limits, param, max_tokens,
+                                 add_special_tokens)
         else:
             ids = prompt
             check_token_ids(ids, limits, param)
@@ -176,7 +184,35 @@ def completion_prompts(prompts: list[str | list[int]], tokenizer: TextTokenizer,
     return checked
 
 
+def refuse_unimplemented(body: CompletionRequest | ChatCompletionRequest) -> None:
+    """A 400 naming the first vLLM field set that would change the output and that pdserve
+    does not implement (the audit in `schemas.py`)."""
+    chat = isinstance(body, ChatCompletionRequest)
+    refused = [
+        ("use_beam_search", bool(body.use_beam_search)),
+        ("truncate_prompt_tokens", body.truncate_prompt_tokens is not None),
+        ("allowed_token_ids", body.allowed_token_ids is not None),
+        ("prompt_logprobs", body.prompt_logprobs is not None),
+        ("logits_processors", bool(body.logits_processors)),
+        ("return_tokens_as_token_ids", bool(body.return_tokens_as_token_ids)),
+        ("return_token_ids", bool(body.return_token_ids)),
+        ("max_repetition_pattern_size", bool(body.max_repetition_pattern_size)),
+        ("min_repetition_pattern_size", bool(body.min_repetition_pattern_size)),
+        ("repetition_min_count", bool(body.repetition_min_count)),
+    ]
+    if chat:
+        refused += [("chat_template", body.chat_template is not None),
+                    ("echo", bool(body.echo)), ("bad_words", bool(body.bad_words))]
+    else:
+        refused += [("prompt_embeds", body.prompt_embeds is not None)]
+    for name, given in refused:
+        if given:
+            raise APIError(400, f"{name}: not supported by pdserve (it would change the "
+                           f"output)", name)
+
+
 def check_completion_unsupported(body: CompletionRequest) -> None:
+    refuse_unimplemented(body)
     if body.suffix:
         raise APIError(400, "suffix: not supported (no fill-in-the-middle)", "suffix")
     if body.echo and body.logprobs is not None:
@@ -204,8 +240,10 @@ def max_tokens_for(requested: int | None, prompt_tokens: int, limits: Limits,
 
 
 def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens: int,
-                    logprobs: int | None, limits: Limits) -> list[SamplingParams]:
-    """One `SamplingParams` per choice (n of them); a seed s gives choices s, s+1, ..."""
+                    logprobs: int | None, limits: Limits,
+                    grammars: GrammarCompiler | None = None) -> list[SamplingParams]:
+    """One `SamplingParams` per choice (n of them); a seed s gives choices s, s+1, ...
+    `grammars` checks a structured-output constraint (needed only when one is asked)."""
     n = body.n or 1
     temperature = 1.0 if body.temperature is None else body.temperature
     top_p = 1.0 if body.top_p is None else body.top_p
@@ -228,12 +266,37 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, max_tokens:
         frequency_penalty=body.frequency_penalty or 0.0,
         repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         logit_bias=logit_bias(body.logit_bias, limits), min_tokens=min_tokens,
-        logprobs=logprobs, stop=tuple(s for s in stop if s), ignore_eos=bool(body.ignore_eos))
+        logprobs=logprobs, stop=tuple(s for s in stop if s), ignore_eos=bool(body.ignore_eos),
+        stop_token_ids=stop_token_ids(body.stop_token_ids, limits),
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        skip_special_tokens=body.skip_special_tokens is not False,
+        spaces_between_special_tokens=body.spaces_between_special_tokens is not False,
+        constraint=None if grammars is None else checked_constraint(body, grammars))
+    if grammars is None and _asks_for_constraint(body):
+        raise APIError(500, "structured outputs are not set up on this server", kind=
+                       "server_error")
     try:
         return [SamplingParams(seed=None if body.seed is None else body.seed + i, **common)
                 for i in range(n)]
     except ValueError as err:  # the engine's own check, a second line of defence
         raise APIError(400, str(err)) from err
+
+
+def _asks_for_constraint(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    form = body.response_format
+    return bool((form is not None and form.type != "text") or body.structured_outputs
+                or any(getattr(body, name) is not None for name in (
+                    "guided_json", "guided_regex", "guided_choice", "guided_grammar")))
+
+
+def stop_token_ids(raw: list[Any] | None, limits: Limits) -> tuple[int, ...]:
+    """The stop token ids, each in the vocabulary, at most `MAX_STOP_TOKEN_IDS`."""
+    if not raw:
+        return ()
+    if len(raw) > MAX_STOP_TOKEN_IDS:
+        raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} token ids are "
+                       f"supported, got {len(raw)}", "stop_token_ids")
+    return tuple(token_id_list(raw, limits, "stop_token_ids"))
 
 
 def check_stop(stop: str | list[str] | None) -> list[str]:

@@ -3,16 +3,18 @@
 `Engine.execute` mutates sequences as it goes: preempted sequences lose their KV, every
 sequence of the batch may grow by blocks, and after the forward pass each sequence in turn
 advances `computed_tokens`, appends its sampled token, sets `finish_reason` and feeds its
-stop-string stream. An exception part-way leaves some sequences advanced and others not.
+stop-string stream and its constraint matcher. An exception part-way leaves some sequences
+advanced and others not.
 
 `run_guarded` snapshots what a step changes (two integers and the finish reason per
 sequence; taken on every step, it costs microseconds), and on an exception restores every
-sequence of the batch to it (tokens past the snapshot dropped, the stop-string stream
-rebuilt from the kept tokens; blocks grown for the step stay with their sequence, which
-needs them on the next try anyway). It then re-runs the batch's sequences one at a time:
-those that succeed alone give their token as if the batch had run; those that fail alone
-are the culprits. A culprit is blamed on its content ("invalid_request") unless every
-sequence of a batch of several failed alone, which points at the engine ("server_error").
+sequence of the batch to it (tokens past the snapshot dropped, the stop-string stream and
+the structured-output matcher rebuilt from the kept tokens by `Engine.rewind`; blocks
+grown for the step stay with their sequence, which needs them on the next try anyway). It
+then re-runs the batch's sequences one at a time: those that succeed alone give their token
+as if the batch had run; those that fail alone are the culprits. A culprit is blamed on its
+content ("invalid_request") unless every sequence of a batch of several failed alone, which
+points at the engine ("server_error").
 
 Sampling with a seed uses a per-request generator; a sequence that drew before the failure
 and draws again on the re-run draws from an advanced stream (a temperature > 0 request
@@ -25,7 +27,6 @@ from dataclasses import dataclass, field
 
 from pdserve.engine.engine import Engine
 from pdserve.engine.sequence import TokenOutput
-from pdserve.engine.text_stream import TextStream
 from pdserve.instance.local_scheduler import BatchPlan
 
 SequenceState = tuple[int, int, str]  # computed_tokens, len(token_ids), finish_reason
@@ -59,12 +60,7 @@ def restore(engine: Engine, request_id: int, state: SequenceState) -> None:
     sequence = engine.sequences[request_id]
     computed, length, reason = state
     sequence.computed_tokens = computed
-    if len(sequence.token_ids) > length:
-        del sequence.token_ids[length:]
-        if sequence.stream is not None and engine.tokenizer is not None:
-            sequence.stream = TextStream(engine.tokenizer, sequence.params.stop)
-            for token in sequence.generated:
-                sequence.stream.push(token)
+    engine.rewind(request_id, length)  # its stop-string stream and matcher follow
     sequence.finish_reason = reason
 
 
