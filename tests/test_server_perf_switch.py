@@ -120,6 +120,23 @@ def test_a_failed_profile_leaves_the_server_on_the_provisional_model(tmp_path, m
     assert "the start-up profile failed" in caplog.text
 
 
+def test_a_kept_profile_or_a_given_one_serves_at_once_with_no_provisional_phase(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    values = {"engine.weights": "tiny", "engine.kv_blocks": 64, "cluster.instances": 1}
+    profile_path("tiny", 64).parent.mkdir(parents=True, exist_ok=True)
+    make_perf(kv_capacity_tokens=64 * 16).save(profile_path("tiny", 64))
+    app = build_app(serve_defaults().with_values(values), measure=failing_profile)
+    health = app.state.driver.health()  # the app is not started: nothing runs meanwhile
+    assert health["perf_model"] == "profiled"
+    assert health["perf_model_origin"] == f"cached {profile_path('tiny', 64)}"
+    given = tmp_path / "given.json"
+    make_perf(kv_capacity_tokens=64 * 16).save(given)
+    app = build_app(serve_defaults().with_values({**values, "perf.profile": str(given)}),
+                    measure=failing_profile)
+    assert app.state.driver.perf_model.origin == f"loaded from {given}"
+
+
 # ---- the switch in the scheduler: state kept, later decisions on the new model ----
 
 def other_model(perf: PerfModel) -> PerfModel:

@@ -86,8 +86,8 @@ class BackgroundProfile:
             process.join(5)
             outcome = ("error", f"the profile process exited (code {process.exitcode}) "
                        f"without a result")
-        finally:
-            receiver.close()
+        finally:  # cancelled, timed out or done (the result is sent, the file saved):
+            receiver.close()  # nothing more is needed of the child
             if process.is_alive():
                 process.kill()
             process.join(5)

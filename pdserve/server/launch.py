@@ -1,7 +1,8 @@
 """Assemble a live server from the config tree (`pdserve.config.Config`): tokenizer,
 performance model, the policy from the same presets the simulator uses, the driver and the
 HTTP app. Logs each start-up step (`pdserve.server` logger): model, profile, workers (from
-the app's start), listening.
+the app's start), listening, and where the served tokenizer is kept in the Hugging Face format
+(`engine/tokenizer.py: hf_tokenizer_dir`, for clients such as guidellm).
 
 The performance model is `--perf-model`'s file, else the quick start-up profile of the
 engine (as Arrow profiles its instances) kept in the cache, else the server starts at once
@@ -27,6 +28,7 @@ from pdserve.engine.device import resolve_device
 from pdserve.engine.loader import prepare_weights
 from pdserve.engine.profile_cache import background_start_up_profile, cached_profile
 from pdserve.engine.provisional_model import provisional_model
+from pdserve.engine.tokenizer import hf_tokenizer_dir
 from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
 from pdserve.live.status import PROFILED, PROVISIONAL, PerfModelState
@@ -89,6 +91,13 @@ def build_app(config: Config, measure: Measure = background_start_up_profile) ->
     log.info("model %s (%s): context %d tokens, vocabulary %d, chat template %s, stop "
              "tokens %s", served.name, served.location, context, served.config.vocab_size,
              template.origin, list(served.config.eos_token_ids))
+    try:
+        tokenizer_dir = hf_tokenizer_dir(served.require_tokenizer().raw, template.bos_token,
+                                         template.eos_token, context, template.source)
+        log.info("tokenizer in the Hugging Face format, for clients that count tokens with "
+                 "one (guidellm --processor): %s", tokenizer_dir)
+    except OSError as err:
+        log.warning("could not write the tokenizer in the Hugging Face format: %s", err)
     weights_identity = engine.weights or served.name
     if served.kind != "named":
         weights = prepare_weights(served)
