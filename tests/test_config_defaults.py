@@ -348,7 +348,7 @@ def test_the_server_hands_each_object_its_configs_values(tmp_path, monkeypatch):
         assert default_of(SERVE, path) != value, path  # each change is one
     config = SERVE.with_values({**changes, "perf.profile": str(perf), "cluster.instances": 2})
     made: dict[str, Any] = {}
-    monkeypatch.setattr(launch, "create_app", lambda driver, settings: made.update(
+    monkeypatch.setattr(launch, "create_app", lambda driver, settings, **jobs: made.update(
         driver=driver, settings=settings))
     launch.build_app(config)
     driver = made["driver"]

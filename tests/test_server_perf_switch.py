@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from conftest import make_perf
+from conftest import make_perf, policy_setup
 from profile_hooks import RELEASE_ENV, failing_profile, slow_profile
 from server_helpers import wait_until
 
@@ -148,8 +148,9 @@ def other_model(perf: PerfModel) -> PerfModel:
 
 
 def setup_for(name: str, perf: PerfModel) -> PolicySetup:
-    return PolicySetup(perf, SLO(ttft_s=1.0, tpot_s=0.1), PolicyConfig(name=name), instances=2,
-                       prefill=1, decode=1, chunk_size_tokens=512, max_batch_size=64)
+    return policy_setup(perf, SLO(ttft_s=1.0, tpot_s=0.1), PolicyConfig(name=name),
+                        instances=2, prefill=1, decode=1, chunk_size_tokens=512,
+                        max_batch_size=64)
 
 
 def test_the_scheduler_keeps_its_roles_and_state_across_a_model_switch():
