@@ -16,12 +16,14 @@ in order:
    (batch building, attention over the paged pool, the LM head, sampling) at a few prefill
    and decode points on one thread, then again with no layer: a point of the L-layer model
    takes t0 + L (t1 - t0), and the fits of those points (`perf.fit`), times `SAFETY`, are the
-   model. About 1 s on the 135M default model (0.1 s on `tiny`), against 35 s for the quick
-   profile; it measures the machine as loaded now, so a busy machine gets a slower model.
+   model. About 2 s on the 135M default model on 2 cores (0.25 s on `tiny`), against 33 s
+   for the quick profile; it measures the machine as loaded now, so a busy machine gets a
+   slower model.
    `SAFETY` covers what the probe misses: the fit's error beyond its points, a worker's
    cache misses over L layers' weights where the probe's one layer stays in cache, and a
    quick measurement's noise. On this 2-core machine it put every quick-grid point of
-   `tiny` and of the default model at 1.1-3x its profiled time (docs/results/clients.md).
+   `tiny` and of the default model at 1.5-3.1x its profiled time (`bench/provisional_check.py`,
+   docs/results/clients.md).
 
 KV transfers are priced at `TRANSFER_BYTES_PER_S` and `TRANSFER_CALL_S`, a tenth of the
 shared-memory copy speed and ten times the per-call cost the quick profile measured on this
