@@ -119,6 +119,10 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "monitor_cooldown_s": Path("policy.arrow.monitor_cooldown_s"),
         "flipped_at_s": "state: when each instance last changed side",
         "monitor_flipped_at_s": "state: when the monitor last flipped one",
+        "derive_terms": "how predictor and max_running_tokens follow from a performance "
+                        "model (profiled_terms at instance.chunk_size_tokens, slo.tpot_s, "
+                        "instance.max_batch_size)",
+        "perf": "the performance model they were derived from",
     }),
     TaiChiContext: (SIM, {
         "layout": "the sliders' instance layout (cluster.prefill : cluster.decode)",
@@ -204,6 +208,8 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "monitor_interval_s": Path("monitor.interval_s"),
         "max_outstanding": Path("server.max_outstanding"),
         "ray": Path("server.ray"),
+        "perf_model": "whether the policy's performance model is provisional or profiled, "
+                      "and where it came from (perf.profile, the cache or the probe)",
     }),
     ServerSettings: (SERVE, {
         "model_name": Path("server.served_model_name"),  # "" there: the model's name
@@ -342,7 +348,7 @@ def test_the_server_hands_each_object_its_configs_values(tmp_path, monkeypatch):
         assert default_of(SERVE, path) != value, path  # each change is one
     config = SERVE.with_values({**changes, "perf.profile": str(perf), "cluster.instances": 2})
     made: dict[str, Any] = {}
-    monkeypatch.setattr(launch, "create_app", lambda driver, settings: made.update(
+    monkeypatch.setattr(launch, "create_app", lambda driver, settings, **jobs: made.update(
         driver=driver, settings=settings))
     launch.build_app(config)
     driver = made["driver"]

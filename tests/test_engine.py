@@ -233,3 +233,30 @@ def test_the_shipped_tokenizer_exports_as_a_hugging_face_directory(tmp_path):
     text = "Prefill and decode, disaggregated: 42 tokens/s?"
     assert exported.encode(text, add_special_tokens=False) == TextTokenizer.shipped().encode(text)
     assert exported.eos_token == "<|end_of_text|>"
+
+
+def test_a_served_tokenizer_is_kept_once_as_a_hugging_face_directory(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from pdserve.engine.tokenizer import TextTokenizer, hf_tokenizer_dir
+
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    shipped = TextTokenizer.shipped()
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    path = hf_tokenizer_dir(shipped.raw, "<|begin_of_text|>", "<|end_of_text|>", 1000, template)
+    assert path.parent == tmp_path / "tokenizers"
+    written = (path / "tokenizer.json").stat().st_mtime_ns
+    assert hf_tokenizer_dir(shipped.raw, "<|begin_of_text|>", "<|end_of_text|>", 1000,
+                            template) == path  # kept: not written again
+    assert (path / "tokenizer.json").stat().st_mtime_ns == written
+    assert hf_tokenizer_dir(shipped.raw, "", "<|end_of_text|>", 1000, None) != path
+    exported = AutoTokenizer.from_pretrained(str(path))
+    text = "Prefill and decode, disaggregated: 42 tokens/s?"
+    assert exported.encode(text, add_special_tokens=False) == shipped.encode(text)
+    assert (exported.bos_token, exported.eos_token) == ("<|begin_of_text|>", "<|end_of_text|>")
+    assert exported.model_max_length == 1000
+    assert exported.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                        tokenize=False) == "<user>Hi"
+    assert [p.name for p in (tmp_path / "tokenizers").iterdir()
+            if ".tmp-" in p.name] == []  # no half-written directory left

@@ -1,11 +1,14 @@
 """guidellm (a real benchmark client, the `clients` extra) against a live pdserve server:
-completions and chat, streaming, every request succeeds. Offline: its processor is a
-directory made from pdserve's shipped tokenizer."""
+completions and chat, streaming, every request succeeds. Offline: its processor is the
+served model's tokenizer in the Hugging Face format, the directory the server's start-up log
+names."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,9 +16,8 @@ from pathlib import Path
 import pytest
 from server_helpers import running_server
 
-from pdserve.engine.tokenizer import write_shipped_hf_tokenizer
-
 REQUESTS = 8
+SERVED_TOKENIZER = re.compile(r"guidellm --processor\): (\S+)")
 
 
 def run_guidellm(base: str, route: str, processor: Path, out: Path) -> dict:
@@ -36,12 +38,16 @@ def run_guidellm(base: str, route: str, processor: Path, out: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
-def test_guidellm_streams_every_request_successfully(tmp_path, route):
+def test_guidellm_streams_every_request_successfully(tmp_path, route, caplog):
     if shutil.which("guidellm") is None:
         pytest.skip("guidellm is not installed (pip install 'pdserve[clients]')")
-    processor = write_shipped_hf_tokenizer(tmp_path)
+    caplog.set_level(logging.INFO, logger="pdserve")
     with running_server(tmp_path, {"cluster.instances": 2,
                                    "policy.name": "colocated"}) as (base, driver):
+        served = SERVED_TOKENIZER.search(caplog.text)
+        assert served, "the start-up log names the served tokenizer's directory"
+        processor = Path(served.group(1))
+        assert (processor / "tokenizer.json").is_file()
         pids = [driver.workers.pid(i) for i in range(2)]
         benchmark = run_guidellm(base, route, processor, tmp_path / "guidellm.json")
         assert [driver.workers.pid(i) for i in range(2)] == pids

@@ -112,6 +112,8 @@ def test_start_up_logs_each_step(tmp_path, caplog):
     assert "performance model loaded from" in text
     assert "workers up in" in text and "0: prefill (pid" in text and "1: decode (pid" in text
     assert "serving 'tiny'" in text
+    assert "tokenizer in the Hugging Face format, for clients that count tokens with one " \
+           "(guidellm --processor): " in text
 
 
 def test_bench_warns_when_its_window_holds_a_handful_of_requests(capsys):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from pdserve.cluster.topology import Topology
 from pdserve.instance.stats import InstanceLoad
+from pdserve.perf.fitted import PerfModel
 from pdserve.types import Request
 
 
@@ -58,8 +59,16 @@ class InstanceStarted:
     instance_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class PerfModelChanged:
+    """The performance model the policies read is now `perf` (a live server's start-up
+    profile finished, replacing the provisional model it started on)."""
+
+    perf: PerfModel
+
+
 Event = (Arrival | PrefillDone | Finished | Tick | InstanceFailed | InstanceRecovered
-         | InstanceStarted)
+         | InstanceStarted | PerfModelChanged)
 
 
 @dataclass(slots=True)

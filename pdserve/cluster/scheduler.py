@@ -14,6 +14,11 @@ a phase has none left, and undoes such moves when the instance recovers
 whose own pools are empty (its answer is not a live instance of the phase) falls back to the
 least-loaded candidate of the phase.
 
+A new performance model (`PerfModelChanged`: a live server switching from its provisional
+model to the profiled one) reaches every policy component that reads one
+(`Policy.use_perf_model`); the roles, pools and every component's own state stay as they
+are, so only decisions made after the event differ.
+
 Elastic scaling: an instance whose first role is `RESERVE` starts stopped (the first
 actions stop it: a live driver never starts its worker); a policy starts and stops
 instances through the role board, and a started instance is announced by the driver's
@@ -39,6 +44,7 @@ from pdserve.cluster.events import (
     InstanceFailed,
     InstanceRecovered,
     InstanceStarted,
+    PerfModelChanged,
     PrefillDone,
     Tick,
 )
@@ -62,6 +68,7 @@ class GlobalScheduler:
             InstanceFailed: self._on_failed,
             InstanceRecovered: self._on_recovered,
             InstanceStarted: self._on_started,
+            PerfModelChanged: self._on_perf_model,
         }
         self.board.stopped.update(i for i, role in enumerate(self.board.roles)
                                   if role is Role.RESERVE)
@@ -158,6 +165,10 @@ class GlobalScheduler:
         self.board.mark_started(event.instance_id)
         self.policy.role_manager.on_progress(event.instance_id, view, self.board)
         return self._own_chunk_size(event.instance_id)
+
+    def _on_perf_model(self, event: PerfModelChanged, view: ClusterView) -> list[Action]:
+        self.policy.use_perf_model(event.perf)
+        return []
 
     def _own_chunk_size(self, instance_id: int) -> list[Action]:
         """A (re)started instance runs the driver's chunk size: give it its own again."""

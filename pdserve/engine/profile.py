@@ -138,12 +138,13 @@ def _contention(model_name: str, processes: int) -> Iterator[None]:
 
 def profile_engine(model_name: str, kv_blocks: int = 4096, grid: ProfileGrid = ProfileGrid(),
                    progress: Callable[[str], None] | None = None,
-                   contention: int = 0, where: EngineDevice | None = None) -> PerfModel:
+                   contention: int = 0, where: EngineDevice | None = None,
+                   clock: Callable[[], float] = time.perf_counter) -> PerfModel:
     if contention < 0:
         raise ValueError(f"contention must not be negative, got {contention}")
     where = where or EngineDevice()
     with _contention(model_name, contention):
-        samples = measure_engine(model_name, grid, progress, where)
+        samples = measure_engine(model_name, grid, progress, where, clock)
     on = "1 thread" if where.on_cpu else f"{where.device} {where.dtype}"
     model = PerfModel(name=f"{model_name} (profiled, {on})",
                       prefill=fit_prefill(samples.prefill), decode=fit_decode(samples.decode),
@@ -157,7 +158,11 @@ def profile_engine(model_name: str, kv_blocks: int = 4096, grid: ProfileGrid = P
 
 def measure_engine(model_name: str, grid: ProfileGrid = ProfileGrid(),
                    progress: Callable[[str], None] | None = None,
-                   where: EngineDevice | None = None) -> ProfileSamples:
+                   where: EngineDevice | None = None,
+                   clock: Callable[[], float] = time.perf_counter) -> ProfileSamples:
+    """`clock`: what a point's time is read from; the CPU time of this thread
+    (`time.thread_time`, on the CPU only) measures what an idle core would take even while
+    other processes preempt this one (the server's background profile)."""
     where = where or EngineDevice()
     torch.set_num_threads(1)
     model, tokenizer = load_model(model_name, where=where)
@@ -192,9 +197,9 @@ def measure_engine(model_name: str, grid: ProfileGrid = ProfileGrid(),
             times = []
             for _ in range(grid.repeats + 1):
                 engine = engine_with(1, prior, new)
-                start = time.perf_counter()
+                start = clock()
                 engine.run([], [(0, new)])
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
             prefill.append((new, prior, _median(times)))
         say(f"prefill after {prior} prior tokens: done")
     decode = []
@@ -203,19 +208,20 @@ def measure_engine(model_name: str, grid: ProfileGrid = ProfileGrid(),
             engine = engine_with(batch, context)
             times = []
             for _ in range(grid.repeats + 1):
-                start = time.perf_counter()
+                start = clock()
                 engine.run(list(range(batch)), [])
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
             decode.append((batch, batch * (context + 1), _median(times)))
         say(f"decode batch {batch}: done")
-    transfer = _profile_transfer(model.config, grid, where)
+    transfer = _profile_transfer(model.config, grid, where, clock)
     say("transfer: done")
     kv_bytes = model.config.kv_elements_per_token * where.element_bytes
     return ProfileSamples(prefill, decode, transfer, kv_bytes)
 
 
-def _profile_transfer(config: ModelConfig, grid: ProfileGrid,
-                      where: EngineDevice) -> list[tuple[float, float, float]]:
+def _profile_transfer(config: ModelConfig, grid: ProfileGrid, where: EngineDevice,
+                      clock: Callable[[], float] = time.perf_counter
+                      ) -> list[tuple[float, float, float]]:
     """Copies between two pools (shared memory on the CPU, the GPU's memory on a GPU), as
     one aligned run and block by block: (bytes, copies, seconds)."""
     size = max(grid.transfer_blocks)
@@ -232,9 +238,9 @@ def _profile_transfer(config: ModelConfig, grid: ProfileGrid,
             for target_blocks in (ordered, ordered[::-1]):  # 1 copy, then `blocks` copies
                 times, copies = [], 0
                 for _ in range(grid.repeats + 1):
-                    start = time.perf_counter()
+                    start = clock()
                     copies = copy_aligned(source, target, ordered, target_blocks)
-                    times.append(time.perf_counter() - start)
+                    times.append(clock() - start)
                 samples.append((blocks * source.block_bytes, copies, _median(times)))
     finally:
         source.close()

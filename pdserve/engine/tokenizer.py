@@ -1,15 +1,25 @@
 """Text <-> token ids: the shipped byte-level BPE for named models, or a checkpoint's
-`tokenizer.json`. Both go through the `tokenizers` library; nothing is downloaded."""
+`tokenizer.json`. Both go through the `tokenizers` library; nothing is downloaded.
+
+Clients that count tokens with a Hugging Face tokenizer (guidellm's `--processor`) get the
+served model's as a directory transformers' `AutoTokenizer` loads offline
+(`hf_tokenizer_dir`: written once to pdserve's cache, named by its content)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
+from pdserve.engine.weight_cache import cache_dir
+
+HF_TOKENIZER_FORMAT = 1
 
 
 @cache
@@ -26,6 +36,47 @@ def _byte_of_char() -> dict[str, int]:
             table[chr(256 + extra)] = byte
             extra += 1
     return table
+
+
+def _hf_files(tokenizer: Tokenizer, bos_token: str, eos_token: str, max_length: int,
+              chat_template: str | None) -> dict[str, str]:
+    """A Hugging Face tokenizer directory's files: `tokenizer.json` and the config that
+    makes `AutoTokenizer` build a fast tokenizer from it with these special tokens."""
+    config: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                                 "model_max_length": max_length, "clean_up_tokenization_spaces":
+                                 False}
+    if bos_token:
+        config["bos_token"] = bos_token
+    if eos_token:
+        config["eos_token"] = eos_token
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    return {"tokenizer.json": tokenizer.to_str(), "tokenizer_config.json": json.dumps(config)}
+
+
+def hf_tokenizer_dir(tokenizer: Tokenizer, bos_token: str = "", eos_token: str = "",
+                     max_length: int = 8192, chat_template: str | None = None) -> Path:
+    """The tokenizer as a Hugging Face tokenizer directory under pdserve's cache, written
+    the first time (under a temporary name, then renamed: a reader never sees half of it)
+    and named by its content, so every server of the same model shares one; returns it."""
+    files = _hf_files(tokenizer, bos_token, eos_token, max_length, chat_template)
+    digest = hashlib.sha256(f"pdserve-hf-tokenizer-v{HF_TOKENIZER_FORMAT}".encode())
+    for name, text in sorted(files.items()):
+        digest.update(f"{name}\0{text}\0".encode())
+    path = cache_dir() / "tokenizers" / digest.hexdigest()[:24]
+    if path.is_dir():
+        return path
+    partial = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    partial.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (partial / name).write_text(text, encoding="utf-8")
+    try:
+        os.replace(partial, path)
+    except OSError:  # another server wrote it meanwhile
+        shutil.rmtree(partial, ignore_errors=True)
+        if not path.is_dir():
+            raise
+    return path
 
 
 def write_shipped_hf_tokenizer(directory: Path) -> Path:

@@ -52,6 +52,7 @@ from pdserve.cluster.events import (
     Event,
     Finished,
     InstanceFailed,
+    PerfModelChanged,
     PrefillDone,
     Tick,
 )
@@ -72,8 +73,10 @@ from pdserve.live.ray_cluster import RaySettings
 from pdserve.live.requests import LiveRequest, Overloaded
 from pdserve.live.server_metrics import ServerMetrics
 from pdserve.live.sessions import HistoryReads, LiveSessions
+from pdserve.live.status import GIVEN_PERF_MODEL, PROFILED, PerfModelState
 from pdserve.live.timeline import RequestTimeline
 from pdserve.live.token_stream import TokenStreams
+from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
 from pdserve.types import Request
 from pdserve.worker.messages import (
@@ -90,6 +93,7 @@ from pdserve.worker.messages import (
     Prefilled,
     ReleaseKV,
     SetChunk,
+    SetPerfModel,
     SetPriority,
     StatsReport,
     StepDone,
@@ -104,11 +108,16 @@ log = logging.getLogger("pdserve.live")
 class LiveDriver:
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float, max_outstanding: int,
-                 ray: RaySettings | None = None) -> None:
+                 ray: RaySettings | None = None,
+                 perf_model: PerfModelState = GIVEN_PERF_MODEL) -> None:
         """`monitor_interval_s` and `max_outstanding`: the config's (`monitor.interval_s`,
         `server.max_outstanding`); `ray`: host the workers in Ray actors
-        (`live/ray_workers.py`) instead of local processes; nothing else changes."""
+        (`live/ray_workers.py`) instead of local processes; nothing else changes.
+        `perf_model`: what the model the policy and `workers` were built on is
+        (`provisional` until `use_perf_model` replaces it)."""
         self.scheduler = GlobalScheduler(policy, num_instances)
+        self.perf_model = perf_model
+        self._perf = workers.perf  # what the policy and the workers' queue orders read
         self.tokenizer = tokenizer
         self.monitor_interval_s = monitor_interval_s
         self.max_outstanding = max_outstanding
@@ -162,6 +171,32 @@ class LiveDriver:
         await self.workers.stop()
         for live in list(self.live.values()):
             self._fail(live, "the server is shutting down", 503, "shutdown")
+
+    # ---- the performance model ----
+    def use_perf_model(self, perf: PerfModel, origin: str) -> None:
+        """From now on the policy and the workers' prefill queue orders read `perf` (the
+        start-up profile, ready after the server started on a provisional model). The
+        scheduler keeps its roles and its policy's state, requests in flight go on where
+        they are; only decisions made after this call differ."""
+        previous = self.perf_model
+        self._perf = perf
+        self.perf_model = PerfModelState(PROFILED, origin)
+        self._handle(PerfModelChanged(perf))
+        for instance in range(self.workers.count):  # live ones; a (re)starting one when ready
+            self.send(instance, SetPerfModel(perf))
+        prefill, decode = perf.prefill, perf.decode
+        log.info("performance model: %s (was %s: %s), from %s; prefill %.3g s + %.3g s/token "
+                 "+ %.3g s/attention unit (R^2 %.3f), decode step %.3g s + %.3g s/sequence + "
+                 "%.3g s/context token (R^2 %.3f)", PROFILED, previous.state, previous.origin,
+                 origin, prefill.intercept_s, prefill.per_token_s, prefill.per_attn_unit_s,
+                 prefill.r2, decode.intercept_s, decode.per_seq_s, decode.per_context_token_s,
+                 decode.r2)
+
+    def perf_model_failed(self, error: str) -> None:
+        """The start-up profile failed: serving goes on with the model it has."""
+        self.perf_model = PerfModelState(self.perf_model.state, self.perf_model.origin, error)
+        log.error("the start-up profile failed; serving goes on with the %s performance "
+                  "model (%s): %s", self.perf_model.state, self.perf_model.origin, error)
 
     # ---- requests ----
     def submit(self, prompt_ids: list[int], params: SamplingParams,
@@ -445,6 +480,8 @@ class LiveDriver:
     def _on_ready(self, instance: int, stats: InstanceStats, pool_name: str) -> None:
         """A started or restarted worker is up, empty: the scheduler may use it."""
         self.set_load(instance, stats)
+        if self._perf is not self.workers.settings.perf:  # it started on an older model
+            self.send(instance, SetPerfModel(self._perf))  # type: ignore[arg-type]
         self._handle(self.lifecycle.ready(instance))
 
     # ---- ticks ----
@@ -456,7 +493,7 @@ class LiveDriver:
     # ---- status ----
     def health(self) -> dict[str, object]:
         return status.health(self.scheduler.board, self.workers, len(self.live),
-                             self.role_changes)
+                             self.role_changes, self.perf_model)
 
     def metrics_text(self) -> str:
         return self.metrics.render(status.metric_families(

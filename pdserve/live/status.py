@@ -2,14 +2,16 @@
 
 Health is honest: "ok" (HTTP 200) only while some live instance takes prefills and some
 takes decodes, i.e. while a request can be served; otherwise "unavailable" (503). The body
-names live, restarting and dead workers, their roles and PIDs, and recent role changes with
-their reasons. Metrics count live pool members only, and per-instance families cover live
-workers (a dead worker's last snapshot is not reported as current).
+names live, restarting and dead workers, their roles and PIDs, recent role changes with
+their reasons, and which performance model the policies read (`PerfModelState`). Metrics
+count live pool members only, and per-instance families cover live workers (a dead
+worker's last snapshot is not reported as current).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
@@ -17,10 +19,27 @@ from pdserve.live.processes import WorkerProcesses, WorkerState
 from pdserve.live.server_metrics import Family
 
 RoleChangeRecord = tuple[float, int, str, str]  # wall time, instance, role, reason
+PROVISIONAL, PROFILED = "provisional", "profiled"
+
+
+@dataclass(frozen=True)
+class PerfModelState:
+    """Which performance model the policies read: `provisional` (the server serves on a
+    conservative model while its start-up profile runs) or `profiled` (the profile's, a
+    cached one or `--perf-model`'s); where its coefficients came from; and, if the start-up
+    profile failed, why (the server then stays on the provisional model)."""
+
+    state: str
+    origin: str
+    error: str = ""
+
+
+GIVEN_PERF_MODEL = PerfModelState(PROFILED, "given")  # a driver built on its final model
 
 
 def health(board: RoleBoard, workers: WorkerProcesses, requests_in_flight: int,
-           role_changes: Iterable[RoleChangeRecord]) -> dict[str, object]:
+           role_changes: Iterable[RoleChangeRecord],
+           perf_model: PerfModelState = GIVEN_PERF_MODEL) -> dict[str, object]:
     by_state = {state: [i for i, s in enumerate(workers.states) if s is state]
                 for state in WorkerState}
     serving = bool(board.prefill_candidates and board.decode_candidates)
@@ -41,6 +60,9 @@ def health(board: RoleBoard, workers: WorkerProcesses, requests_in_flight: int,
         "requests_in_flight": requests_in_flight,
         "role_changes": [{"time": t, "instance": i, "role": role, "reason": reason}
                          for t, i, role, reason in list(role_changes)[-8:]],
+        "perf_model": perf_model.state,
+        "perf_model_origin": perf_model.origin,
+        **({"perf_model_error": perf_model.error} if perf_model.error else {}),
     }
 
 

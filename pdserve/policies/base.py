@@ -8,6 +8,12 @@ A policy is one of each component (DESIGN.md, "Policies are compositions"):
   QueueOrder     order inside each instance's prefill queue (applied by the local scheduler)
 Components are pure: they read the `ClusterView` and the `RoleBoard`, keep their own small
 state, and never read a clock or do I/O.
+
+A component whose decisions read the performance model (a router's queue-time estimate,
+Arrow's TTFT predictor, ...) defines `use_perf_model(perf)` (`PerfModelUser`): a live
+server that starts on a provisional model hands it the profiled one when that is ready
+(`Policy.use_perf_model`). It re-derives what it derived from the model and keeps all other
+state. Components that share a context forward to it; the context re-derives once.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.decode_forecast import ForecastSettings
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.instance.queue_order import FCFSOrder, QueueOrder
+from pdserve.perf.fitted import PerfModel
 from pdserve.types import Request, Role
 
 
@@ -65,6 +72,15 @@ class Rebalancer(Protocol):
     def on_tick(self, view: ClusterView, board: RoleBoard) -> list[Action]: ...
 
 
+class PerfModelUser(Protocol):
+    """A component (or a context components share) whose decisions read the performance
+    model."""
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        """Read `perf` from now on; keep every other piece of state."""
+        ...
+
+
 class NoRebalancing:
     """Running decodes stay where they are."""
 
@@ -85,3 +101,14 @@ class Policy:
     # ARES: instances keep a decode-load forecast (`instance/decode_forecast.py`) for the
     # rebalancer; None (every other policy) costs the instances nothing
     decode_forecast: ForecastSettings | None = None
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        """Every component that reads the performance model (`PerfModelUser`) reads `perf`
+        from now on; each component once, whatever it is shared as. The queue order is the
+        instances' (a live driver sends them the model)."""
+        components = {id(c): c for c in (self.prefill_router, self.decode_router,
+                                          self.role_manager, self.rebalancer)}
+        for component in components.values():
+            use = getattr(component, "use_perf_model", None)
+            if use is not None:
+                use(perf)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
-from pdserve.perf.fitted import PrefillCoeffs
+from pdserve.perf.fitted import PerfModel, PrefillCoeffs
 from pdserve.types import Request
 
 
@@ -28,6 +28,9 @@ def predicted_prefill_queue_s(load: InstanceLoad, prefill: PrefillCoeffs) -> flo
 class MinLoadPrefillRouter:
     def __init__(self, prefill: PrefillCoeffs) -> None:
         self.prefill = prefill
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.prefill = perf.prefill
 
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
         instances = view.instances

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
-from pdserve.perf.fitted import PrefillCoeffs
+from pdserve.perf.fitted import PerfModel, PrefillCoeffs
 from pdserve.policies.min_load import MinLoadPrefillRouter
 from pdserve.types import Request
 
@@ -19,6 +19,9 @@ from pdserve.types import Request
 class SessionAffinityPrefillRouter:
     def __init__(self, prefill: PrefillCoeffs) -> None:
         self.fallback = MinLoadPrefillRouter(prefill)
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.fallback.use_perf_model(perf)
 
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
         home = request.home_instance

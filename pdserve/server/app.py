@@ -24,7 +24,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -75,9 +75,11 @@ class ServerSettings:
 
 
 def create_app(driver: LiveDriver, settings: ServerSettings,
-               unknown_fields: UnknownFields | None = None) -> FastAPI:
+               unknown_fields: UnknownFields | None = None,
+               background: Sequence[Callable[[], Awaitable[None]]] = ()) -> FastAPI:
     """The app over `driver`; `unknown_fields` counts and logs ignored body fields (a new
-    bounded one by default)."""
+    bounded one by default); `background`: jobs run while the server serves (the start-up
+    profile), started once the workers are up and cancelled when the server stops."""
     limits = Limits(settings.context_tokens, settings.vocab_size)
     name = settings.model_name
     created_s = int(time.time())  # the models' `created`: when this server started
@@ -97,7 +99,11 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         log.info("workers up in %.1fs: %s", time.monotonic() - started, roles)
         log.info("serving %r (context %d tokens) on %s", name, settings.context_tokens,
                  settings.url or "the configured address")
+        jobs = [asyncio.create_task(job()) for job in background]
         yield
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
         await driver.close()
 
     app = FastAPI(title="pdserve", version=version, lifespan=lifespan)

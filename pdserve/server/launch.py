@@ -1,24 +1,37 @@
 """Assemble a live server from the config tree (`pdserve.config.Config`): tokenizer,
-performance model (a file, or a quick profile of the engine at start, as Arrow profiles its
-instances), the policy from the same presets the simulator uses, the driver and the HTTP
-app. Logs each start-up step (`pdserve.server` logger): model, profile, workers (from the
-app's start), listening."""
+performance model, the policy from the same presets the simulator uses, the driver and the
+HTTP app. Logs each start-up step (`pdserve.server` logger): model, profile, workers (from
+the app's start), listening, and where the served tokenizer is kept in the Hugging Face format
+(`engine/tokenizer.py: hf_tokenizer_dir`, for clients such as guidellm).
+
+The performance model is `--perf-model`'s file, else the quick start-up profile of the
+engine (as Arrow profiles its instances) kept in the cache, else the server starts at once
+on a provisional model (`engine/provisional_model.py`: conservative) while the start-up
+profile is measured in the background (`engine/background_profile.py`, started once the
+workers are up); when it is ready the driver switches the policy and the workers to it
+(`LiveDriver.use_perf_model`), and `/health` says which model is in use."""
 
 from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 from fastapi import FastAPI
 
 from pdserve.config import Config, EngineConfig
+from pdserve.engine.background_profile import BackgroundProfile, Measure
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.checkpoint import resolve_model
 from pdserve.engine.config import ModelConfig
 from pdserve.engine.device import resolve_device
 from pdserve.engine.loader import prepare_weights
+from pdserve.engine.profile_cache import background_start_up_profile, cached_profile
+from pdserve.engine.provisional_model import provisional_model
+from pdserve.engine.tokenizer import hf_tokenizer_dir
 from pdserve.live.driver import LiveDriver
 from pdserve.live.processes import WorkerSettings
+from pdserve.live.status import PROFILED, PROVISIONAL, PerfModelState
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.presets import build_policy
 from pdserve.policies.setup import PolicySetup
@@ -56,7 +69,10 @@ def kv_blocks_for(engine: EngineConfig, model: ModelConfig, element_bytes: int =
     return max(1, min(MAX_AUTO_KV_BLOCKS, (engine.kv_cache_mib << 20) // block_bytes))
 
 
-def build_app(config: Config) -> FastAPI:
+def build_app(config: Config, measure: Measure = background_start_up_profile) -> FastAPI:
+    """The server `config` describes. `measure(model_spec, weights_identity, kv_blocks,
+    progress=...)` is the start-up profile the background runs when it has to (tests give a
+    slow or failing one)."""
     check_serve(config)
     engine, server, instance = config.engine, config.server, config.instance
     started = time.monotonic()
@@ -75,6 +91,13 @@ def build_app(config: Config) -> FastAPI:
     log.info("model %s (%s): context %d tokens, vocabulary %d, chat template %s, stop "
              "tokens %s", served.name, served.location, context, served.config.vocab_size,
              template.origin, list(served.config.eos_token_ids))
+    try:
+        tokenizer_dir = hf_tokenizer_dir(served.require_tokenizer().raw, template.bos_token,
+                                         template.eos_token, context, template.source)
+        log.info("tokenizer in the Hugging Face format, for clients that count tokens with "
+                 "one (guidellm --processor): %s", tokenizer_dir)
+    except OSError as err:
+        log.warning("could not write the tokenizer in the Hugging Face format: %s", err)
     weights_identity = engine.weights or served.name
     if served.kind != "named":
         weights = prepare_weights(served)
@@ -86,16 +109,21 @@ def build_app(config: Config) -> FastAPI:
     log.info("KV cache: %d blocks of %d tokens per worker (%.0f MiB)", kv_blocks, KV_BLOCK_TOKENS,
              kv_blocks * KV_BLOCK_TOKENS * served.config.kv_elements_per_token
              * element_bytes / (1 << 20))
+    cached = None if config.perf.profile else cached_profile(weights_identity, kv_blocks)
     if config.perf.profile:
         perf = PerfModel.load(config.perf.profile)
+        state = PerfModelState(PROFILED, f"loaded from {config.perf.profile}")
         log.info("performance model loaded from %s", config.perf.profile)
+    elif cached is not None:
+        perf, origin = cached
+        state = PerfModelState(PROFILED, origin)
+        log.info("performance model: the start-up profile, %s", origin)
     else:
-        from pdserve.engine.profile_cache import start_up_profile
-
-        log.info("performance model: the quick start-up profile (--perf-model skips it)")
-        perf, origin = start_up_profile(engine.weights, weights_identity, kv_blocks,
-                                        lambda message: log.info("  profile: %s", message))
-        log.info("profile %s (%.1fs since start)", origin, time.monotonic() - started)
+        perf, origin = provisional_model(engine.weights, weights_identity, kv_blocks)
+        state = PerfModelState(PROVISIONAL, origin)
+        log.info("performance model: provisional until the quick start-up profile, measured "
+                 "in the background, is ready (--perf-model skips it): %s (%.1fs since start)",
+                 origin, time.monotonic() - started)
     cluster = config.cluster
     policy, count = build_policy(PolicySetup(
         perf, config.slo.targets(), config.policy, instances=int(cluster.instances),
@@ -114,8 +142,11 @@ def build_app(config: Config) -> FastAPI:
         engine.weights, config.seed, kv_blocks, instance.chunk_size_tokens,
         instance.max_batch_size, policy.phase_priority.value, instance.prefix_block_tokens,
         queue_order=policy.queue_order, perf=perf, decode_forecast=policy.decode_forecast,
-        device=where), config.monitor.interval_s, server.max_outstanding, ray)
+        device=where), config.monitor.interval_s, server.max_outstanding, ray, state)
+    background = [] if state.state == PROFILED else [BackgroundProfile(
+        partial(measure, engine.weights, weights_identity, kv_blocks), driver.use_perf_model,
+        driver.perf_model_failed).run]
     return create_app(driver, ServerSettings(
         server.served_model_name or served.name, context, served.config.vocab_size,
         server.max_body_bytes, server.api_key or None, template,
-        f"http://{server.host}:{server.port}"))
+        f"http://{server.host}:{server.port}"), background=background)

@@ -161,6 +161,13 @@ class Health(BaseModel):
     live: list[int]
     failed: list[int]
     roles: list[str]
+    perf_model: Literal["provisional", "profiled"] = Field(
+        description="the performance model the policies read: provisional while the "
+        "start-up profile runs in the background, then profiled")
+    perf_model_origin: str = Field(description="where its coefficients came from")
+    perf_model_error: str | None = Field(
+        None, description="why the background start-up profile failed (then the server "
+        "stays on the provisional model)")
 
 
 class TokenizeResponse(BaseModel):

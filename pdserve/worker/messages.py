@@ -10,6 +10,7 @@ from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.sessions import HistoryRef
 from pdserve.engine.transfer import KVHandoff
 from pdserve.instance.stats import InstanceStats
+from pdserve.perf.fitted import PerfModel
 
 # ---- driver -> worker ----
 
@@ -95,6 +96,14 @@ class SetPriority:
 
 
 @dataclass(frozen=True)
+class SetPerfModel:
+    """The performance model changed (the server's start-up profile is ready): a prefill
+    queue order that reads prefill estimates (AMPD's Alg. 2) reads `perf` from now on."""
+
+    perf: PerfModel
+
+
+@dataclass(frozen=True)
 class ForgetPool:
     """A peer's shared KV pool is gone (its worker died): unmap it."""
 
@@ -107,7 +116,8 @@ class Shutdown:
 
 
 Command = (AddRequest | ContinueInPlace | AdoptKV | Detach | ReleaseKV | Cancel | SetChunk
-           | SetPriority | ForgetPool | Shutdown | ExportHistory | UnlockHistory | DropHistory)
+           | SetPriority | SetPerfModel | ForgetPool | Shutdown | ExportHistory | UnlockHistory
+           | DropHistory)
 
 # ---- worker -> driver ----
 

@@ -67,6 +67,7 @@ from pdserve.worker.messages import (
     Prefilled,
     ReleaseKV,
     SetChunk,
+    SetPerfModel,
     SetPriority,
     Shutdown,
     StepDone,
@@ -248,6 +249,8 @@ class Worker:
             local.chunk_size_tokens = command.chunk_size_tokens
         elif isinstance(command, SetPriority):
             local.phase_priority = parse_phase_priority(command.priority)
+        elif isinstance(command, SetPerfModel):
+            bind_order(local.prefills.order, time.monotonic, command.perf)
         elif isinstance(command, Shutdown):
             self.running = False
 

@@ -53,6 +53,10 @@ class AmpdContext:
         self.monitor = InstanceMonitor(self.window_s)
         self.decisions = deque(maxlen=self.log_size)
 
+    def use_perf_model(self, perf: PerfModel) -> None:
+        """Every instance's model is `perf` from now on (a live server has one model)."""
+        self.perfs = [perf] * len(self.perfs)
+
     def perf(self, instance_id: int) -> PerfModel:
         return self.perfs[instance_id] if len(self.perfs) > 1 else self.perfs[0]
 

@@ -20,6 +20,7 @@ import random
 
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
+from pdserve.perf.fitted import PerfModel
 from pdserve.policies.ampd.binding import bound_decode_instance
 from pdserve.policies.ampd.context import AmpdContext
 from pdserve.policies.ampd.cost_model import PrefillTask, local_cost_s, remote_cost_s
@@ -32,6 +33,9 @@ class AmpdPrefillRouter:
         self.context = context
         self.adaptive = adaptive
         self._random = random.Random(seed)
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.context.use_perf_model(perf)
 
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
         ctx, now = self.context, view.now_s

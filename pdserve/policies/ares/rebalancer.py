@@ -64,6 +64,10 @@ class AresRebalancer:
         self.migrations = 0
         self.records: list[RoundRecord] = []
 
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.perf = perf
+        self._links = None  # priced by the model's transfer cost when there is no topology
+
     # ---- what the scheduler tells it ----
     def on_decode(self, request: Request, instance_id: int) -> None:
         self.decodes[request.request_id] = request

@@ -28,13 +28,14 @@ they read still holds pre-flip steps for one window.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.stats import InstanceLoad
+from pdserve.perf.fitted import PerfModel
 from pdserve.policies.arrow.profiling import TtftPredictor
 from pdserve.policies.arrow.settings import ArrowSettings
 from pdserve.types import Role
@@ -55,12 +56,29 @@ class ArrowContext:
     monitor_cooldown_s: float = ArrowSettings.monitor_cooldown_s
     flipped_at_s: dict[int, float] = field(default_factory=dict)  # last side change
     monitor_flipped_at_s: float = float("-inf")
+    # how the predictor and Max Running Tokens follow from a performance model
+    # (`arrow_context`: `profiled_terms` at the run's chunk size, TPOT SLO and batch cap),
+    # and the model they came from, for `use_perf_model`; None: they stay as given
+    derive_terms: Callable[[PerfModel], tuple[TtftPredictor, int]] | None = None
+    perf: PerfModel | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.busy_fraction <= 1 or not 0 < self.low_fraction <= 1:
             raise ValueError("arrow low_fraction and busy_fraction must be in (0, 1]")
         if self.min_dwell_s < 0 or self.monitor_cooldown_s < 0:
             raise ValueError("arrow min_dwell_s and monitor_cooldown_s must not be negative")
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        """Profile the TTFT predictor and Max Running Tokens on `perf` (once, however many
+        of the components sharing this context pass it on); the monitor, the flip times and
+        the pools are kept."""
+        if perf is self.perf:
+            return
+        if self.derive_terms is None:
+            raise ValueError("this Arrow context was built with fixed terms (no "
+                             "derive_terms): it cannot take another performance model")
+        self.perf = perf
+        self.predictor, self.max_running_tokens = self.derive_terms(perf)
 
     @staticmethod
     def decode_tokens(load: InstanceLoad) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
+from pdserve.perf.fitted import PerfModel
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.pools import try_move_prefill_to_decode
 from pdserve.types import Request, Role
@@ -27,6 +28,9 @@ from pdserve.types import Request, Role
 class ArrowDecodeRouter:
     def __init__(self, context: ArrowContext) -> None:
         self.context = context
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.context.use_perf_model(perf)
 
     def route(self, request: Request, prefill_instance: int, view: ClusterView,
               board: RoleBoard) -> int:

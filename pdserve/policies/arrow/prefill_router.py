@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
+from pdserve.perf.fitted import PerfModel
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.pools import (
     decode_to_prefill_candidate,
@@ -28,6 +29,9 @@ from pdserve.types import Request, Role
 class ArrowPrefillRouter:
     def __init__(self, context: ArrowContext) -> None:
         self.context = context
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.context.use_perf_model(perf)
 
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
         context = self.context

@@ -5,18 +5,22 @@ prefill router (Alg. 1), the decode router (Alg. 2) and the elastic pools (Alg. 
 
 from __future__ import annotations
 
+from functools import partial
+
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.policies.arrow.context import ArrowContext
-from pdserve.policies.arrow.profiling import TtftPredictor, max_running_tokens, profile_ttft
+from pdserve.policies.arrow.profiling import profiled_terms
 from pdserve.policies.setup import PolicySetup
 
 
 def arrow_context(setup: PolicySetup) -> ArrowContext:
-    samples = profile_ttft(setup.perf, setup.chunk_size_tokens)
+    derive_terms = partial(profiled_terms, chunk_size_tokens=setup.chunk_size_tokens,
+                           tpot_slo_s=setup.slo.tpot_s, max_batch_size=setup.max_batch_size)
+    predictor, max_running_tokens = derive_terms(setup.perf)
     return ArrowContext(
         ttft_slo_s=setup.slo.ttft_s, tpot_slo_s=setup.slo.tpot_s,
-        predictor=TtftPredictor.fit(samples), monitor=InstanceMonitor(setup.monitor_window_s),
-        max_running_tokens=max_running_tokens(setup.perf, setup.slo.tpot_s,
-                                              setup.max_batch_size),
+        predictor=predictor, monitor=InstanceMonitor(setup.monitor_window_s),
+        max_running_tokens=max_running_tokens,
         max_batch_size=setup.max_batch_size, min_dwell_s=setup.policy.arrow.min_dwell_s,
-        monitor_cooldown_s=setup.policy.arrow.monitor_cooldown_s)
+        monitor_cooldown_s=setup.policy.arrow.monitor_cooldown_s,
+        derive_terms=derive_terms, perf=setup.perf)

@@ -115,6 +115,14 @@ def profile_ttft(perf: PerfModel, chunk_size_tokens: int,
     return samples
 
 
+def profiled_terms(perf: PerfModel, chunk_size_tokens: int, tpot_slo_s: float,
+                   max_batch_size: int) -> tuple[TtftPredictor, int]:
+    """What Arrow's start-up profiling derives from a performance model: the TTFT predictor
+    and Max Running Tokens."""
+    return (TtftPredictor.fit(profile_ttft(perf, chunk_size_tokens)),
+            max_running_tokens(perf, tpot_slo_s, max_batch_size))
+
+
 def max_running_tokens(perf: PerfModel, tpot_slo_s: float, max_batch_size: int) -> int:
     """Largest decode context that KV memory holds and one step serves within the TPOT SLO."""
     decode = perf.decode

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pdserve.cluster.actions import Action
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
+from pdserve.perf.fitted import PerfModel
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.pools import (
     has_prefill_work,
@@ -33,6 +34,9 @@ class ArrowRoleManager:
     def __init__(self, context: ArrowContext, prefill: int, decode: int) -> None:
         self.context = context
         self._initial = StaticRoles(prefill, decode)
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.context.use_perf_model(perf)
 
     def initial_roles(self, num_instances: int) -> list[Role]:
         return self._initial.initial_roles(num_instances)

@@ -59,6 +59,11 @@ class FlowKVContext:
         self.prefill_scores = [0.0] * len(self.homes)
         self.decode_scores = [0.0] * len(self.homes)
 
+    def use_perf_model(self, perf: PerfModel) -> None:
+        """Every instance's model is `perf` from now on (a live server has one model); the
+        prefix index keeps its capacities (a live server's models share its KV size)."""
+        self.perfs = [perf] * len(self.perfs)
+
     def side(self, home: Role, board: RoleBoard) -> list[int]:
         return [i for i, h in enumerate(self.homes) if h is home and i not in board.failed]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
+from pdserve.perf.fitted import PerfModel
 from pdserve.policies.flowkv.context import FlowKVContext
 from pdserve.types import Request
 
@@ -21,6 +22,9 @@ from pdserve.types import Request
 class FlowKVDecodeRouter:
     def __init__(self, context: FlowKVContext) -> None:
         self.context = context
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.context.use_perf_model(perf)
 
     def transfer_s(self, source: int, target: int, request: Request, view: ClusterView) -> float:
         if source == target or view.topology is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.instance.prefix_cache import usable_hit_blocks
+from pdserve.perf.fitted import PerfModel
 from pdserve.policies.flowkv.context import FlowKVContext
 from pdserve.policies.min_load import predicted_prefill_queue_s
 from pdserve.types import Request, attn_units
@@ -23,6 +24,9 @@ class FlowKVPrefillRouter:
     def __init__(self, context: FlowKVContext, prefix_aware: bool) -> None:
         self.context = context
         self.prefix_aware = prefix_aware
+
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.context.use_perf_model(perf)
 
     def predicted_ttft_s(self, instance_id: int, request: Request, view: ClusterView) -> float:
         context = self.context

@@ -52,6 +52,9 @@ class TaiChiContext:
     max_batch_size: int  # sequences per instance batch (the local scheduler's cap)
     decodes: dict[int, DecodeTrack] = field(default_factory=dict)  # by request id
 
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.perf = perf  # read at each estimate; the tracked decodes are kept
+
     def track(self, request: Request) -> None:
         """A decode starts: TPOT counts from the first token (the metric's definition)."""
         first = request.first_token_s

@@ -68,6 +68,10 @@ class TaiChiPrefillRouter:
         self.least_loaded = MinLoadPrefillRouter(context.perf.prefill)
         self.rng = random.Random(context.settings.seed)
 
+    def use_perf_model(self, perf: PerfModel) -> None:
+        self.context.use_perf_model(perf)
+        self.least_loaded.use_perf_model(perf)
+
     def estimate_s(self, request: Request, instance_id: int, view: ClusterView,
                    board: RoleBoard) -> tuple[float, float, float]:
         """(Q, E, T) of Alg. 2 lines 3-5 for `request` on `instance_id`."""
