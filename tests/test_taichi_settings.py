@@ -81,7 +81,8 @@ def test_flowing_decode_degrades_and_backflows_end_to_end():
     """Alg. 1 stages 2-3 in a whole run: full D-heavy batches degrade their longest decodes
     to the P-heavy instances, whose 8K chunks then push those decodes' TPOT past alpha x SLO
     and back. Measured 2026-11-24: 244 degradations, 213 backflows, 300 requests. Off, the
-    same run migrates nothing and every decode stays on a D-heavy instance."""
+    same run migrates nothing and every decode stays where its prefill ran (Fig. 18's
+    baseline)."""
     result, flowing = flowing_run(flowing_decode=True)
     assert flowing is not None
     assert flowing.degradations >= 50 and flowing.backflows >= 50
@@ -90,7 +91,7 @@ def test_flowing_decode_degrades_and_backflows_end_to_end():
     assert any(r.decode_instance in (0, 1) for r in result.requests)  # ended degraded
     still, _ = flowing_run(flowing_decode=False)
     assert still.migrations == 0
-    assert {r.decode_instance for r in still.requests} <= {2, 3}
+    assert all(r.decode_instance == r.prefill_instance for r in still.requests)  # in place
 
 
 def test_interference_intensity_separates_aggregation_from_disaggregation(tmp_path):
