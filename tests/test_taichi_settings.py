@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from pdserve.config import Config
-from pdserve.sim.runner import Experiment
+from pdserve.policies.presets import build_policy
+from pdserve.policies.taichi.flowing_decode import FlowingDecode
+from pdserve.sim.runner import Experiment, build_topology, sim_settings
+from pdserve.sim.simulator import SimResult, Simulator
 from pdserve.types import SLO
 
 
@@ -45,14 +48,50 @@ def test_disaggregation_setting_is_static_pd():
     assert {r[4] for r in taichi} == {2, 3} and all(r[6] > 0 for r in taichi)
 
 
-def test_hybrid_setting_differs_and_moves_decodes():
+def test_hybrid_setting_cobatches_and_keeps_decodes_in_place_without_pressure():
     result = Experiment.from_config(BASE.with_values({
         "policy.name": "taichi", "cluster.prefill": 2, "cluster.decode": 2,
         "policy.taichi.chunk_p_tokens": 1024, "policy.taichi.chunk_d_tokens": 256})).simulate()
     decode_on = {r.decode_instance for r in result.requests}
     assert decode_on <= {2, 3}  # no pressure: every decode stays on a D-heavy instance
+    assert result.migrations == 0
     assert {r.prefill_instance for r in result.requests} == {0, 1, 2, 3}
     assert any(r.cobatched_prefill_tokens > 0 for r in result.requests)
+
+
+def flowing_run(flowing_decode: bool) -> tuple[SimResult, FlowingDecode | None]:
+    """TaiChi hybrid under pressure: long prompts in 8K chunks on the P-heavy instances,
+    a 32-sequence batch cap and an 80 ms TPOT SLO."""
+    config = BASE.with_values({
+        "policy.name": "taichi", "cluster.prefill": 2, "cluster.decode": 2,
+        "policy.taichi.chunk_p_tokens": 8192, "policy.taichi.chunk_d_tokens": 256,
+        "policy.taichi.flowing_decode": flowing_decode, "workload.synthetic_rate_rps": 6.0,
+        "workload.synthetic_lengths": "lognormal:6000:300:0.5", "instance.max_batch_size": 32,
+        "slo.tpot_s": 0.08})
+    experiment = Experiment.from_config(config)
+    policy, count = build_policy(experiment.policy_setup())
+    result = Simulator(policy, count, experiment.perf, sim_settings(config),
+                       build_topology(config, experiment.perf, count)).run(
+        experiment.workload.requests())
+    rebalancer = policy.rebalancer
+    return result, rebalancer if isinstance(rebalancer, FlowingDecode) else None
+
+
+def test_flowing_decode_degrades_and_backflows_end_to_end():
+    """Alg. 1 stages 2-3 in a whole run: full D-heavy batches degrade their longest decodes
+    to the P-heavy instances, whose 8K chunks then push those decodes' TPOT past alpha x SLO
+    and back. Measured 2026-11-24: 244 degradations, 213 backflows, 300 requests. Off, the
+    same run migrates nothing and every decode stays where its prefill ran (Fig. 18's
+    baseline)."""
+    result, flowing = flowing_run(flowing_decode=True)
+    assert flowing is not None
+    assert flowing.degradations >= 50 and flowing.backflows >= 50
+    decided = flowing.degradations + flowing.backflows  # a few end before they can leave
+    assert 0.95 * decided <= result.migrations <= decided
+    assert any(r.decode_instance in (0, 1) for r in result.requests)  # ended degraded
+    still, _ = flowing_run(flowing_decode=False)
+    assert still.migrations == 0
+    assert all(r.decode_instance == r.prefill_instance for r in still.requests)  # in place
 
 
 def test_interference_intensity_separates_aggregation_from_disaggregation(tmp_path):
