@@ -141,7 +141,9 @@ def test_gpu_scaling_is_monotone_in_peak_specs():
 
 def test_nvlink_figures_are_one_way_and_transfers_use_the_fitted_call_cost():
     assert {name: gpu.link_gb_s for name, gpu in GPUS.items()} == {
-        "h800": 200, "h100": 450, "a100": 300, "h20": 450, "l20": 32, "rtx-4090d": 32}
+        "h800": 200, "h100": 450, "a100": 300, "h20": 450, "l20": 32, "rtx-4090d": 32,
+        "h200": 450, "b200": 900, "b300": 900, "gb200": 900, "gb300": 900, "l40s": 32,
+        "rtx-pro-6000": 64}
     model = calibrated("llama-3.1-8b", "a100", 1, corrected=False)  # the curve's one-way figure
     curve = model.ops.send_recv["nvlink"]
     one_gb = model.transfer_s(10**9)
