@@ -159,10 +159,12 @@ def test_nvlink_figures_are_one_way_and_transfers_use_the_fitted_call_cost():
 def test_taichi_70b_tp4_decode_step_on_a100_is_near_its_44_ms():
     """TaiChi (Fig. 4) measures an interference-free decode step of about 44 ms for a 70B
     model at TP 4 on A100; the roofline gave 27 ms."""
-    runtime = perf_model("llama-3.1-70b", "a100", 4)
+    runtime = perf_model("llama-3.1-70b", "a100", 4, "vidur")  # TaiChi's convention: Vidur
     step_s = runtime.decode.step_s(16, 16 * 1024)
     assert 0.038 < step_s < 0.052
     assert "calibrated" in runtime.name
+    per_token_s = runtime.batch_time_s(0, 0, 2048, 2048 * 2048) / 2048  # Fig. 4: 0.20 ms
+    assert per_token_s == pytest.approx(0.20e-3, rel=0.1)
 
 
 def test_knee_terms_are_fitted_and_keep_decode_spans_closed_form():

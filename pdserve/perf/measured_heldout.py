@@ -20,15 +20,16 @@ from pdserve.perf.operators import HeldOutError
 FAMILIES = ("gemm", "gemm_fp8", "context_attention", "generation_attention", "all_reduce")
 
 
-def _grid_errors(grid: LogGrid) -> list[float]:
+def _grid_errors(grid: LogGrid, min_seconds: float = 0.0) -> list[float]:
     kept, removed = grid.without_every(HOLDOUT_EVERY)
-    return [abs(kept.at(coords) / seconds - 1) * 100 for coords, seconds in removed]
+    return [abs(kept.at(coords) / seconds - 1) * 100 for coords, seconds in removed
+            if seconds >= min_seconds]
 
 
-def _head_errors(table: HeadTable) -> list[float]:
+def _head_errors(table: HeadTable, min_seconds: float) -> list[float]:
     errors: list[float] = []
     for grid in table.grids:
-        errors += _grid_errors(grid)
+        errors += _grid_errors(grid, min_seconds)
     return errors
 
 
@@ -38,16 +39,18 @@ def summary(errors: list[float]) -> HeldOutError:
                         round(float(np.percentile(values, 90)), 2))
 
 
-def held_out_errors(gpu: str, backend: str) -> dict[str, HeldOutError]:
-    """Per family, the held-out error of `backend`'s tables measured on `gpu`."""
+def held_out_errors(gpu: str, backend: str, min_seconds: float = 0.0
+                    ) -> dict[str, HeldOutError]:
+    """Per family, the held-out error of `backend`'s tables measured on `gpu` (on the rows
+    that took at least `min_seconds`)."""
     tables = shipped_tables(gpu).backends[backend]
     errors: dict[str, list[float]] = {
-        "gemm": _grid_errors(tables.gemm["bf16"]),
-        "context_attention": _head_errors(tables.context),
-        "generation_attention": _head_errors(tables.generation),
+        "gemm": _grid_errors(tables.gemm["bf16"], min_seconds),
+        "context_attention": _head_errors(tables.context, min_seconds),
+        "generation_attention": _head_errors(tables.generation, min_seconds),
         "all_reduce": [e for kind in ("graph", "nccl") if kind in tables.all_reduce
-                       for e in _grid_errors(tables.all_reduce[kind])],
+                       for e in _grid_errors(tables.all_reduce[kind], min_seconds)],
     }
     if "fp8" in tables.gemm:
-        errors["gemm_fp8"] = _grid_errors(tables.gemm["fp8"])
+        errors["gemm_fp8"] = _grid_errors(tables.gemm["fp8"], min_seconds)
     return {family: summary(errors[family]) for family in FAMILIES if errors.get(family)}
