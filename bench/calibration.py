@@ -11,11 +11,22 @@ corrected operator model, runtime model with tables),
 TaiChi Fig. 4 decode step. Refits the curves first (needs scipy), so the figures are what the
 current code fits.
 
-    python bench/calibration.py
+Then the measured-kernel model (`perf/measured.py`, the `--backend vllm|sglang|trtllm`
+source): (6) per GPU and engine version, the held-out error of each table family (every 5th
+interior row of each size series kept out, `perf/measured_heldout.py`), all rows and the rows
+of 50 us or more (the kernels that make up most of a step); `--json FILE` writes it as
+{gpu: {engine: {family: {"median_pct", "p90_pct", "rows", ...}}}}; (7) whole prefill and
+decode steps of the measured operator model (no host overhead, as AIConfigurator counts
+none) next to AIConfigurator's own step estimates for the same shapes (needs the `aic`
+extra; skipped with a message without it).
+
+    python bench/calibration.py [--json FILE] [--measured-only]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -166,12 +177,96 @@ def tensor_parallel() -> None:
               "(TaiChi Fig. 4: about 44 ms)")
 
 
+def measured_held_out(json_path: str | None) -> None:
+    from pdserve.perf.kernel_tables import measured_gpus, shipped_tables
+    from pdserve.perf.measured_heldout import held_out_errors
+
+    print("\n== measured kernel tables: held-out error per family (every 5th interior row of "
+          "each size series in no table), median / P90 %, all rows | rows >= 50 us ==")
+    report: dict[str, dict[str, dict]] = {}
+    for gpu in measured_gpus():
+        for backend in shipped_tables(gpu).names:
+            errors = held_out_errors(gpu, backend)
+            large = held_out_errors(gpu, backend, min_seconds=50e-6)
+            engine, _, version = backend.partition("@")
+            entry = report.setdefault(gpu, {}).setdefault(engine, {"version": version})
+            cells = []
+            for family, error in errors.items():
+                big = large.get(family)
+                entry[family] = {"median_pct": error.median_pct, "p90_pct": error.p90_pct,
+                                 "rows": error.rows}
+                if big is not None:
+                    entry[family] |= {"median_pct_50us": big.median_pct,
+                                      "p90_pct_50us": big.p90_pct, "rows_50us": big.rows}
+                cells.append(f"{family} {error.median_pct:4.1f}/{error.p90_pct:4.1f}"
+                             + (f" | {big.median_pct:4.1f}/{big.p90_pct:4.1f}" if big else ""))
+            print(f"{gpu:13s} {backend:17s} " + "; ".join(cells))
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(report, handle, indent=1, sort_keys=True)
+        print(f"wrote {json_path}")
+
+
+AIC_MODELS = {"llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
+              "llama-3.1-70b": "meta-llama/Meta-Llama-3.1-70B", "qwen3-32b": "Qwen/Qwen3-32B"}
+STEP_CASES = (("llama-3.1-8b", 1), ("llama-3.1-8b", 2), ("llama-3.1-70b", 4), ("qwen3-32b", 2))
+STEP_GPUS = ("a100", "h100", "h200", "b200", "l40s")
+
+
+def aic_steps() -> None:
+    print("\n== whole steps: measured operator model (host overhead none) vs AIConfigurator "
+          "0.12.0's own estimate (vLLM, same shapes) ==")
+    try:
+        from aiconfigurator_core.sdk.engine import EngineHandle
+    except ImportError:
+        print("skipped: aiconfigurator-core is not installed (pip install -e .[aic])")
+        return
+    import logging
+
+    from pdserve.perf.presets import measured
+    logging.disable(logging.WARNING)
+    ratios = []
+    for gpu in STEP_GPUS:
+        for model, tp in STEP_CASES:
+            if model == "llama-3.1-70b" and gpu == "l40s":
+                continue  # 141 GB of weights on 4 x 48 GB
+            ours = measured(model, gpu, tp, "vllm", host="none")
+            system = ours.ops.gpu.name
+            from pdserve.perf.kernel_tables import shipped_tables
+            meta = shipped_tables(system).meta
+            version = ours.ops.name.split("@")[1]
+            engine = EngineHandle.compile(AIC_MODELS[model], meta["aic_system"], "vllm",
+                                          backend_version=version, tp_size=tp)
+            cells = []
+            for isl in (1000, 4000):
+                theirs = engine.predict_prefill_latency(1, isl) * 1e-3
+                mine = ours.prefill_s(isl)
+                ratios.append(mine / theirs)
+                cells.append(f"prefill {isl} {mine * 1e3:6.1f}/{theirs * 1e3:6.1f}")
+            for batch, context in ((1, 1000), (16, 4250), (64, 1000), (64, 4250), (256, 1000)):
+                theirs = engine.predict_decode_latency(batch, context) * 1e-3
+                mine = ours.decode_step_s(batch, batch * context)
+                ratios.append(mine / theirs)
+                cells.append(f"B{batch}x{context} {mine * 1e3:5.1f}/{theirs * 1e3:5.1f}")
+            print(f"{model}@{gpu} tp{tp} ({ours.ops.name}), ms ours/AIC: " + "; ".join(cells))
+    errors = np.abs(np.array(ratios) - 1) * 100
+    print(f"all steps: {stats(errors)}; ours/AIC median {np.median(ratios):.3f}")
+
+
 def main() -> None:
-    operators()
-    steps()
-    leave_one_model_out()
-    models_on_a100()
-    tensor_parallel()
+    parser = argparse.ArgumentParser(description="calibration figures")
+    parser.add_argument("--json", help="write the measured tables' held-out errors here")
+    parser.add_argument("--measured-only", action="store_true",
+                        help="skip the Vidur-calibrated sections (1-5)")
+    args = parser.parse_args()
+    if not args.measured_only:
+        operators()
+        steps()
+        leave_one_model_out()
+        models_on_a100()
+        tensor_parallel()
+    measured_held_out(args.json)
+    aic_steps()
 
 
 if __name__ == "__main__":

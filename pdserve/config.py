@@ -43,6 +43,7 @@ import yaml
 from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, network_link
 from pdserve.live.ray_cluster import RaySettings
+from pdserve.perf.host_overhead import HOST_OVERHEADS
 from pdserve.policies.setup import PolicyConfig
 from pdserve.sim.blocks import TRANSFER_MODES
 from pdserve.types import SLO
@@ -150,12 +151,22 @@ class PerfConfig:
     model: str = "llama-3.1-8b"  # the simulated model's spec (pdserve.perf.specs)
     gpu: str = "h800"
     tp: int = 0  # 0: the preset setup's degree
+    # the engine whose measured kernels price a step ("vllm", "sglang", "trtllm", each
+    # optionally "@version"), or "vidur" (the Vidur-calibrated model); "": the presets'
+    # default (`pdserve.perf.presets.DEFAULT_BACKEND`)
+    backend: str = ""
+    # the measured source's per-step host overhead: "engine" (today's engines hide it),
+    # "vllm-v0" (2023 vLLM, as Vidur measured it), "none" (`pdserve.perf.host_overhead`)
+    host_overhead: str = "engine"
     # a fitted performance model file (`pdserve profile`); replaces model x gpu in a
     # simulation, and the quick profile at start in `pdserve serve`
     profile: str = ""
 
     def __post_init__(self) -> None:
         _not_negative(self, "perf", "tp")
+        if self.host_overhead not in HOST_OVERHEADS:
+            raise ValueError(f"config field 'perf.host_overhead' must be one of "
+                             f"{', '.join(HOST_OVERHEADS)}, got {self.host_overhead!r}")
 
 
 @dataclass(frozen=True)

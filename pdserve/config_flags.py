@@ -30,6 +30,8 @@ from pdserve.config import (
 )
 from pdserve.engine.device_args import DTYPE_CHOICES
 from pdserve.live.ray_cluster import KV_TRANSPORTS
+from pdserve.perf.host_overhead import HOST_OVERHEADS
+from pdserve.perf.presets import DEFAULT_BACKEND
 from pdserve.perf.specs import GPUS, MODELS
 from pdserve.policies.ares.preset import REBALANCERS
 from pdserve.policies.presets import DECODE_ROUTERS, PREFILL_ROUTERS, PRESETS
@@ -206,6 +208,11 @@ SIMULATE_CLUSTER_FLAGS = (
     Flag("--model", "perf.model", f"simulated model ({', '.join(MODELS)})"),
     Flag("--gpu", "perf.gpu", f"GPU ({', '.join(GPUS)})"),
     Flag("--tp", "perf.tp", "tensor-parallel degree per instance", shown="the setup's"),
+    Flag("--backend", "perf.backend", "engine whose measured kernels price a step: vllm, "
+         "sglang, trtllm (optionally @version, e.g. vllm@0.24.0), or vidur (the "
+         "Vidur-calibrated A100 model)", shown=f"{DEFAULT_BACKEND}"),
+    Flag("--host-overhead", "perf.host_overhead", "per-step host overhead of the measured "
+         "backends", choices=HOST_OVERHEADS),
     Flag("--perf-model", "perf.profile", "fitted performance model file (from pdserve "
          "profile); replaces --model x --gpu", shown="none"),
     *INSTANCE_FLAGS,

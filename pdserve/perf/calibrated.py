@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from pdserve.perf.engine_memory import kv_capacity_tokens
 from pdserve.perf.fit import FitGrid, fit_perf_model
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.layer_shape import GEMM_OPS, STREAM_OPS, LayerShape
@@ -34,7 +35,7 @@ from pdserve.perf.operators import (
     shipped_operator_model,
 )
 from pdserve.perf.residuals import Residuals
-from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, gpu_spec, kv_capacity_tokens
+from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, gpu_spec
 
 FIT_GRID = FitGrid(
     prefill_tokens=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),

@@ -20,23 +20,53 @@ weights take at most 60 % of the instance's memory. `tp` is per instance: `tp=8`
 instance over 8 GPUs (compute split 8 ways, 2 all-reduces per layer, the 8 GPUs' memory for
 weights and KV).
 
-`perf_model` is calibrated (`calibrated.py`): operator curves fitted to Vidur's measured A100
-timings (`pdserve/data/gpu_profiles/`), with the per-shape corrections on the A100's profiled
-shapes (`residuals.py`), and the runtime model carries per-size tables (`fitted.py`) so it
-keeps what those corrections and the curves' own size steps add (held-out whole steps:
-`bench/calibration.py`, docs/results/fidelity.md). `curves_perf_model` is the model before
-the corrections and tables (the default until 2026-11-23, kept to compare). Only the A100
-is measured; H800, H100, H20 and
-RTX 4090D use the same fitted efficiency curves scaled by each GPU's datasheet peaks
-(`specs.py`: HBM bandwidth for memory-bound terms, dense 16-bit TFLOP/s for compute-bound
-terms, one-way link bandwidth for all-reduce and KV transfer), with launch latencies and
-vLLM's CPU overheads kept as measured on the A100 host. `roofline_perf_model` keeps the older
-roofline with stated efficiency factors.
+`perf_model(model, gpu, tp, backend)` prices a step from one of two sources:
+
+  measured  (`backend` "vllm", "sglang" or "trtllm", optionally "@version": `measured.py`)
+            kernel timings AIConfigurator 0.12.0 measured for that engine version on that GPU
+            (`kernel_tables.py`), interpolated between measured shapes, today's host
+            overhead (`host_overhead.py`) and the engine's memory defaults for the KV
+            capacity (`engine_memory.py`); a bare engine name takes its newest measured
+            version, no name the newest vLLM
+  vidur     (`backend` "vidur") the Vidur-calibrated model (`calibrated.py`): operator
+            curves fitted to Vidur's A100 profiles of 2024 vLLM (v0), per-shape
+            corrections on the A100's profiled shapes, 2023 vLLM's host overhead, KV at
+            90 % memory less the weights; other GPUs scaled by datasheet peaks. The
+            convention of papers simulated on Vidur, and of pdserve's results before the
+            measured source
+
+`DEFAULT_BACKEND` is the source with no `backend` given.
+
+GPUs and the tables that price them:
+
+  a100        measured (a100_sxm: vLLM 0.14.0, SGLang 0.5.10, TRT-LLM 1.0.0)
+  h100, h200, b200, b300, gb200, gb300, l40s, rtx-pro-6000
+              measured (vLLM 0.24.0, SGLang 0.5.14, TRT-LLM 1.3.0rc20; l40s's vLLM
+              all-reduce from 0.22.0)
+  h800        the H100's: H100 compute and HBM; links (all-reduce, send/recv) scaled to
+              200 GB/s each way (NVLink 400 GB/s two-way, Arrow sec. 7.1)
+  h20         the H100's, Hopper: each op scaled per bound, compute by 148/989 TFLOP/s,
+              memory by 4.0/3.35 TB/s, links equal (NVIDIA H20 brief)
+  l20         the L40S's, Ada: compute 119.5/362 TFLOP/s, memory 864/864 GB/s, PCIe 4.0
+              both (NVIDIA L20 brief)
+  rtx-4090d   the L40S's, Ada: compute 147.1/362 TFLOP/s, 8-bit 588/733 TOP/s, memory
+              1,008/864 GB/s, PCIe 4.0 both (Ada whitepaper: 114 of the 4090's 128 SMs)
+
+Scaling per bound: a derived GPU's op takes the measured GPU's time times the ratio of the
+fitted curves (Vidur's A100 efficiencies) on the two datasheets, so a compute-bound GEMM
+scales with TFLOP/s, a memory-bound one with bandwidth, and each shape gets its own mix
+(`measured_ops.py`).
 
 A `-w8a8` model (`specs.ModelSpec.weight_bits = 8`) has 8-bit decoder weights: they take
-half the memory (more KV fits) and its GEMMs move half the bytes at the GPU's dense INT8
-peak (`Calibrated.gemm_gpu`); attention, the KV cache and the LM head stay 16-bit. The
-INT8 efficiencies are the 16-bit curves' (no INT8 kernel was profiled).
+half the memory (more KV fits). From the measured tables its GEMMs are the fp8 tables
+(W8A8 FP8; on Ada, whose INT8 and FP8 peaks are equal, they stand for ARES's INT8 W8A8);
+the A100 has no fp8 table, so there the bf16 table is scaled by the curves to the INT8 peak.
+In the Vidur model its GEMMs move half the bytes at the GPU's dense INT8 peak
+(`Calibrated.gemm_gpu`). Attention, the KV cache and the LM head stay 16-bit.
+
+`curves_perf_model` is the Vidur model before the corrections and tables (the default until
+2026-11-23, kept to compare); `roofline_perf_model` the older roofline with stated
+efficiency factors.
 """
 
 from __future__ import annotations
@@ -44,7 +74,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 from pdserve.perf.calibrated import Calibrated
+from pdserve.perf.engine_memory import engine_memory
 from pdserve.perf.fitted import PerfModel
+from pdserve.perf.host_overhead import DEFAULT_HOST_OVERHEAD, host_overhead
+from pdserve.perf.measured import Measured
+from pdserve.perf.measured_ops import measured_operators
 from pdserve.perf.operators import shipped_operator_model
 from pdserve.perf.residuals import shipped_residuals
 from pdserve.perf.roofline import Roofline
@@ -88,11 +122,31 @@ def calibrated(model: str, gpu: str, tp: int | None = None,
                       residuals=shipped_residuals() if corrected and measured_here else None)
 
 
+VIDUR = "vidur"  # the Vidur-calibrated source's name, wherever a backend is named
+DEFAULT_BACKEND = VIDUR
+
+
+def measured(model: str, gpu: str, tp: int | None = None, backend: str | None = None,
+             host: str = DEFAULT_HOST_OVERHEAD) -> Measured:
+    """The measured-kernel step model of `backend` (an engine, optionally @version; None:
+    the newest vLLM measured) on `gpu`."""
+    ops = measured_operators(gpu.lower(), backend)
+    degree = tp or default_tp(model, gpu)
+    return Measured(model_spec(model), degree, ops, host_overhead(host),
+                    engine_memory(ops.name, ops.gpu, degree))
+
+
 @lru_cache(maxsize=64)
-def perf_model(model: str, gpu: str, tp: int | None = None) -> PerfModel:
-    """The runtime model for a model x gpu x tp: fitted to the corrected operator model,
-    with per-size tables."""
-    return calibrated(model, gpu, tp).to_perf_model(size_tables=True)
+def perf_model(model: str, gpu: str, tp: int | None = None, backend: str | None = None,
+               host_overhead: str = DEFAULT_HOST_OVERHEAD) -> PerfModel:
+    """The runtime model for a model x gpu x tp on `backend` ("vllm", "sglang", "trtllm",
+    each optionally "@version", or "vidur"; None: `DEFAULT_BACKEND`), fitted with per-size
+    tables. `host_overhead` ("engine", "vllm-v0", "none") applies to the measured source;
+    the Vidur model keeps 2023 vLLM's."""
+    source = (backend or DEFAULT_BACKEND).lower()
+    if source == VIDUR:
+        return calibrated(model, gpu, tp).to_perf_model(size_tables=True)
+    return measured(model, gpu, tp, source, host_overhead).to_perf_model()
 
 
 @lru_cache(maxsize=64)

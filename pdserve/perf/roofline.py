@@ -6,7 +6,7 @@ A forward pass takes max(compute time, memory time) + TP all-reduce time + a fix
   FLOPs    = 2 * layers * (layer params * tokens + heads * head_dim * attn_units)
              + 2 * vocab * hidden per sampled token
   all-reduce (tp > 1): 2 per layer, ring, 2(tp-1)/tp * tokens * hidden * dtype bytes / link
-KV capacity = (tp * memory * MEMORY_UTILISATION - weights) / KV bytes per token.
+KV capacity = (tp * memory * 0.90 - weights) / KV bytes per token (`engine_memory.VIDUR_MEMORY`).
 
 Efficiency factors (stated, not fitted; change them here):
   COMPUTE_EFFICIENCY 0.55  prefill model-FLOPs utilisation that vLLM/Sarathi report on
@@ -15,7 +15,7 @@ Efficiency factors (stated, not fitted; change them here):
   LINK_EFFICIENCY 0.70     achievable fraction of NVLink/PCIe bandwidth for NCCL transfers
   STEP_OVERHEAD_S 0.002    per-forward scheduling, sampling and launch cost
   TRANSFER_CALL_S 0.0005   fixed cost of one KV transfer call (NCCL send setup and sync)
-  MEMORY_UTILISATION 0.90  vLLM's default gpu_memory_utilization (`specs.py`)
+  0.90 memory utilisation  vLLM's default gpu_memory_utilization (`engine_memory.py`)
 `link_gb_s` is one-way (`specs.py`). The calibrated model (`calibrated.py`) is the default for
 presets; this one stays for comparison and for GPUs' what-ifs without measured curves.
 
@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.perf.engine_memory import kv_capacity_tokens
 from pdserve.perf.fit import FitGrid, fit_perf_model
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, kv_capacity_tokens
+from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp
 from pdserve.types import attn_units
 
 COMPUTE_EFFICIENCY = 0.55

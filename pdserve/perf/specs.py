@@ -61,7 +61,12 @@ class GpuSpec:
     link_gb_s: float  # one-way GPU-to-peer bandwidth, for TP all-reduce and KV transfer
     interconnect: str = "nvlink"  # "nvlink" or "pcie": picks the fitted link efficiency
     source: str = ""
-    int8_tops: float = 0.0  # dense INT8 tensor TOP/s (W8A8 GEMMs); 0: twice `tflops`
+    int8_tops: float = 0.0  # dense 8-bit (INT8, or FP8 where faster) tensor TOP/s (W8A8
+    # GEMMs); 0: twice `tflops`
+    # the measured GPU whose kernel tables price this one (`perf/kernel_tables.py`): itself
+    # where AIConfigurator measured it; else the nearest measured GPU of the same
+    # architecture, scaled to this one's datasheet by the fitted curves (`measured_ops.py`)
+    kernel_tables: str = ""
 
     @property
     def int8_peak_tops(self) -> float:
@@ -107,35 +112,70 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("h800", tflops=989.4, hbm_gb_s=3350, memory_gb=80, link_gb_s=200,
             source="H800 SXM5 has the H100 SXM5 compute and HBM3 (NVIDIA H100 datasheet: "
             "989.4 dense BF16 TFLOP/s, 3.35 TB/s); NVLink 400 GB/s two-way as stated in "
-            "Arrow sec. 7.1, 200 GB/s each way"),
+            "Arrow sec. 7.1, 200 GB/s each way. Priced by the H100's kernel tables, its "
+            "links scaled to 200 GB/s", kernel_tables="h100"),
     GpuSpec("h100", tflops=989.4, hbm_gb_s=3350, memory_gb=80, link_gb_s=450,
             source="NVIDIA H100 SXM5 datasheet: 989.4 dense BF16 TFLOP/s, 80 GB HBM3 at "
-            "3.35 TB/s, NVLink 900 GB/s two-way, 450 GB/s each way"),
+            "3.35 TB/s, NVLink 900 GB/s two-way, 450 GB/s each way; kernel tables measured "
+            "(AIConfigurator h100_sxm)", int8_tops=1978, kernel_tables="h100"),
     GpuSpec("a100", tflops=312, hbm_gb_s=2039, memory_gb=80, link_gb_s=300,
             source="NVIDIA A100 80GB SXM4 datasheet: 312 dense BF16 TFLOP/s, 2,039 GB/s, "
             "NVLink 600 GB/s two-way, 300 GB/s each way. The calibration profiles (Vidur) "
-            "are A100 80GB measurements; their network files are from NVLink-bridged pairs"),
+            "are A100 80GB measurements; their network files are from NVLink-bridged pairs; "
+            "kernel tables measured (AIConfigurator a100_sxm)", kernel_tables="a100"),
     GpuSpec("h20", tflops=148, hbm_gb_s=4000, memory_gb=96, link_gb_s=450,
             source="NVIDIA H20 product brief: 148 dense BF16 TFLOP/s, 96 GB HBM3 at 4.0 TB/s, "
-            "NVLink 900 GB/s two-way, 450 GB/s each way"),
+            "NVLink 900 GB/s two-way, 450 GB/s each way; 296 dense INT8/FP8 TOP/s. Hopper like "
+            "the H100: priced by the H100's kernel tables scaled per bound (compute by "
+            "148/989, memory by 4.0/3.35, links equal)", int8_tops=296, kernel_tables="h100"),
     GpuSpec("l20", tflops=119.5, hbm_gb_s=864, memory_gb=48, link_gb_s=32,
             interconnect="pcie",
             source="NVIDIA L20 product brief: 119.5 dense FP16/BF16 tensor TFLOP/s (239 with "
             "sparsity), 48 GB GDDR6 at 864 GB/s (384-bit at 2.25 GHz), no NVLink, PCIe 4.0 "
             "x16 32 GB/s each way; AD102 with 92 SMs at 2,520 MHz boost, cross-checked on "
             "spec listings (technical.city, topcpu.net): 119.5 = the L40's 181 dense TFLOP/s "
-            "scaled by SMs and clock. FlowKV's heterogeneous servers (sec. 4.1)"),
+            "scaled by SMs and clock. FlowKV's heterogeneous servers (sec. 4.1). Ada like the "
+            "L40S: priced by the L40S's kernel tables scaled per bound", int8_tops=239,
+            kernel_tables="l40s"),
     GpuSpec("rtx-4090d", tflops=147.1, hbm_gb_s=1008, memory_gb=24, link_gb_s=32,
             interconnect="pcie",
             source="Ada whitepaper: RTX 4090 165.2 dense FP16 tensor TFLOP/s with FP32 "
             "accumulate on 128 SMs; the 4090D has 114 SMs at the same boost clock "
             "(165.2*114/128); 24 GB GDDR6X at 1,008 GB/s; no NVLink, PCIe 4.0 x16 "
             "32 GB/s each way; dense INT8 660.6 TOP/s on the 4090, 588.3 scaled the same way",
-            int8_tops=588.3),
+            int8_tops=588.3, kernel_tables="l40s"),
+    # measured by AIConfigurator 0.12.0 (its systems/<name>.yaml datasheet figures)
+    GpuSpec("h200", tflops=989, hbm_gb_s=4800, memory_gb=141, link_gb_s=450,
+            source="NVIDIA H200 SXM datasheet: 989 dense BF16 TFLOP/s, 141 GB HBM3e at "
+            "4.8 TB/s, NVLink 900 GB/s two-way; kernel tables measured (h200_sxm)",
+            int8_tops=1978, kernel_tables="h200"),
+    GpuSpec("b200", tflops=2250, hbm_gb_s=7700, memory_gb=180, link_gb_s=900,
+            source="NVIDIA B200 (HGX) datasheet: 2,250 dense BF16 TFLOP/s, 180 GB HBM3e at "
+            "7.7 TB/s, NVLink 5 1.8 TB/s two-way; kernel tables measured (b200_sxm)",
+            int8_tops=4500, kernel_tables="b200"),
+    GpuSpec("b300", tflops=2250, hbm_gb_s=7750, memory_gb=288, link_gb_s=900,
+            source="NVIDIA B300 (HGX) as AIConfigurator lists it: 2,250 dense BF16 TFLOP/s, "
+            "288 GB HBM3e at 7.75 TB/s, NVLink 5; kernel tables measured (b300_sxm)",
+            int8_tops=4500, kernel_tables="b300"),
+    GpuSpec("gb200", tflops=2500, hbm_gb_s=8000, memory_gb=186, link_gb_s=900,
+            source="NVIDIA GB200 NVL72, per GPU: 2,500 dense BF16 TFLOP/s, 186 GB HBM3e at "
+            "8 TB/s, NVLink 5; kernel tables measured (gb200)", int8_tops=5000,
+            kernel_tables="gb200"),
+    GpuSpec("gb300", tflops=2500, hbm_gb_s=8000, memory_gb=279, link_gb_s=900,
+            source="NVIDIA GB300 NVL72, per GPU: 2,500 dense BF16 TFLOP/s, 279 GB HBM3e at "
+            "8 TB/s, NVLink 5; kernel tables measured (gb300)", int8_tops=5000,
+            kernel_tables="gb300"),
+    GpuSpec("l40s", tflops=362.05, hbm_gb_s=864, memory_gb=46, link_gb_s=32,
+            interconnect="pcie",
+            source="NVIDIA L40S datasheet: 362 dense BF16 TFLOP/s, 48 GB GDDR6 (46 GiB usable "
+            "as nvidia-smi reports) at 864 GB/s, no NVLink, PCIe 4.0 x16; kernel tables "
+            "measured (l40s)", int8_tops=733, kernel_tables="l40s"),
+    GpuSpec("rtx-pro-6000", tflops=467.8, hbm_gb_s=1792, memory_gb=96, link_gb_s=64,
+            interconnect="pcie",
+            source="NVIDIA RTX PRO 6000 Blackwell Server Edition: 467.8 dense BF16 TFLOP/s "
+            "at 2,430 MHz, 96 GB GDDR7 at 1.79 TB/s, PCIe 5.0 x16; kernel tables measured "
+            "(rtx_pro_6000_server)", int8_tops=935.6, kernel_tables="rtx-pro-6000"),
 ]}
-
-
-MEMORY_UTILISATION = 0.90  # vLLM's default gpu_memory_utilization
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:
@@ -144,12 +184,6 @@ def check_tp(model: ModelSpec, tp: int) -> None:
     if model.heads % tp or model.kv_heads % tp:
         raise ValueError(f"tp={tp} does not divide {model.name}'s "
                          f"{model.heads} heads / {model.kv_heads} KV heads")
-
-
-def kv_capacity_tokens(model: ModelSpec, gpu: GpuSpec, tp: int) -> int:
-    """KV tokens a TP group holds: its memory at vLLM's utilisation, less the weights."""
-    free = tp * gpu.memory_gb * 1e9 * MEMORY_UTILISATION - model.weight_bytes
-    return int(free // model.kv_bytes_per_token)
 
 
 def model_spec(name: str) -> ModelSpec:

@@ -53,7 +53,9 @@ def load_workload(config: Config) -> Workload:
 def load_perf_model(config: Config) -> PerfModel:
     if config.perf.profile:
         return PerfModel.load(config.perf.profile)
-    return perf_model(config.perf.model, config.perf.gpu, config.perf.tp or None)
+    perf = config.perf
+    return perf_model(perf.model, perf.gpu, perf.tp or None, perf.backend or None,
+                      perf.host_overhead)
 
 
 def kv_layers(config: Config) -> int:
