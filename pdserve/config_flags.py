@@ -210,7 +210,7 @@ SIMULATE_CLUSTER_FLAGS = (
     Flag("--tp", "perf.tp", "tensor-parallel degree per instance", shown="the setup's"),
     Flag("--backend", "perf.backend", "engine whose measured kernels price a step: vllm, "
          "sglang, trtllm (optionally @version, e.g. vllm@0.24.0), or vidur (the "
-         "Vidur-calibrated A100 model)", shown=f"{DEFAULT_BACKEND}"),
+         "Vidur-calibrated A100 model)", shown=f"{DEFAULT_BACKEND}, its newest measured version"),
     Flag("--host-overhead", "perf.host_overhead", "per-step host overhead of the measured "
          "backends", choices=HOST_OVERHEADS),
     Flag("--perf-model", "perf.profile", "fitted performance model file (from pdserve "
