@@ -30,7 +30,7 @@ ROOT = Path(pdserve.__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 # packages of the extras, none of which the simulate or plan path may need
 EXTRAS_ONLY = ("torch", "fastapi", "uvicorn", "ray", "transformers", "gguf", "tokenizers",
-               "safetensors", "jinja2", "httpx", "llguidance")
+               "safetensors", "jinja2", "httpx", "llguidance", "plotly", "prometheus_client")
 
 SCRIPT = textwrap.dedent('''
     import contextlib, io, json, os, sys
@@ -138,6 +138,11 @@ def test_simulate_runs_on_a_base_install(tmp_path: Path):
     assert result["code"] == 0, result["stderr"]
     assert "SLO attainment" in result["stdout"]
     assert (tmp_path / "out" / "latency_cdf.png").is_file()
+    assert (tmp_path / "out" / "summary.json").is_file()
+    # no plotly: no report.html, and one line says how to get it
+    assert not (tmp_path / "out" / "report.html").exists()
+    hints = [line for line in result["stderr"].splitlines() if "report.html" in line]
+    assert len(hints) == 1 and "pip install 'pdserve[report]'" in hints[0], result["stderr"]
 
 
 def test_both_planners_run_on_a_base_install(tmp_path: Path):

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 from engine_helpers import tiny_greedy_engine
-from server_helpers import running_server
+from server_helpers import metric, running_server
 
 from pdserve.engine.tokenizer import TextTokenizer
 
@@ -42,7 +42,7 @@ def test_completion_through_a_p_to_d_hand_off_equals_single_instance_output(serv
     assert result.choices[0].finish_reason in ("length", "stop")
     assert result.usage.prompt_tokens == len(TextTokenizer.shipped().encode(PROMPT))
     assert 1 <= result.usage.completion_tokens <= 24
-    assert driver.metrics.counters["transfers"] >= 1
+    assert driver.metrics.total("pdserve:kv_handoffs") >= 1
 
 
 def test_streaming_chat_equals_non_streaming(server):
@@ -122,17 +122,17 @@ def test_overload_answers_429_with_retry_after(server):
 
 def test_disconnecting_client_cancels_its_request(server):
     base, driver = server
-    before = driver.metrics.counters["cancellations"]
+    before = driver.metrics.total("pdserve:cancellations")
     with httpx.stream("POST", f"{base}/v1/completions", timeout=30, json={
             "model": "tiny", "prompt": PROMPT, "max_tokens": 2000, "stream": True}) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 break  # one token received: hang up
     for _ in range(100):  # bounded: 10 s
-        if driver.metrics.counters["cancellations"] > before and not driver.live:
+        if driver.metrics.total("pdserve:cancellations") > before and not driver.live:
             break
         time.sleep(0.1)
-    assert driver.metrics.counters["cancellations"] > before
+    assert driver.metrics.total("pdserve:cancellations") > before
     assert not driver.live
 
 
@@ -143,10 +143,12 @@ def test_models_health_and_metrics(server):
     assert health["status"] == "ok" and health["alive"] == [0, 1]
     assert health["roles"] == ["prefill", "decode"]
     metrics = httpx.get(f"{base}/metrics").text
-    for name in ("pdserve_ttft_seconds_bucket", "pdserve_tpot_seconds_count",
-                 "pdserve_e2e_seconds_sum", "pdserve_transfers_total",
-                 'pdserve_pool_size{role="prefill"}', "pdserve_prefill_queue_len"):
-        assert name in metrics
+    for name in ("vllm:time_to_first_token_seconds_bucket",
+                 "vllm:request_time_per_output_token_seconds_count",
+                 "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_sum",
+                 "pdserve:kv_handoffs_total", "pdserve:prefill_queue_len"):
+        metric(metrics, name)
+    assert metric(metrics, "pdserve:pool_size", role="prefill") == 1
 
 
 def test_bench_replays_a_trace_and_scores_it_like_the_simulator(server, tmp_path, capsys):
@@ -170,10 +172,12 @@ def test_api_key_is_required_when_configured():
     from fastapi.testclient import TestClient
 
     from pdserve.config import serve_defaults
+    from pdserve.live.server_metrics import ClusterGauges, ServerMetrics
     from pdserve.server.app import ServerSettings, create_app
 
     class NoDriver:  # the routes below never reach the driver
         tokenizer = TextTokenizer.shipped()
+        metrics = ServerMetrics("tiny", lambda: ClusterGauges([], [], [], 0))
 
     client = TestClient(create_app(NoDriver(), ServerSettings(  # no lifespan
         "tiny", 8192, 2048, serve_defaults().server.max_body_bytes, api_key="s3cret")))
