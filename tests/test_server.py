@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -151,6 +153,57 @@ def test_models_health_and_metrics(server):
     assert metric(metrics, "pdserve:pool_size", role="prefill") == 1
 
 
+GRAFANA = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "pdserve.json"
+
+
+def test_metrics_parse_match_the_library_and_cover_the_grafana_dashboard(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base, driver = server
+    assert httpx.post(f"{base}/v1/completions", timeout=120, json={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": 6}).status_code == 200
+    answer = httpx.get(f"{base}/metrics")
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    parsed = {family.name: family for family in text_string_to_metric_families(answer.text)}
+    # HELP and TYPE are the library's own for every family the server registers
+    library = {family.name: family for family in driver.metrics.registry.collect()}
+    assert parsed.keys() == library.keys()
+    for name, family in library.items():
+        assert (parsed[name].documentation, parsed[name].type) == (family.documentation,
+                                                                  family.type), name
+    samples = {sample.name for family in parsed.values() for sample in family.samples}
+    assert all(name.startswith(("vllm:", "pdserve:")) for name in samples)
+    # every name a Grafana panel queries is served (per-instance ones too: both are live)
+    queried = set(re.findall(r"(?:vllm|pdserve):[A-Za-z0-9_:]+", GRAFANA.read_text()))
+    assert len(queried) >= 20
+    assert queried <= samples, queried - samples
+    assert metric(answer.text, "vllm:num_requests_running", engine="1") >= 0
+    assert metric(answer.text, "pdserve:instance_role", engine="0", role="prefill") == 1
+
+
+def test_the_dashboard_page_and_its_state_show_the_cluster(server):
+    base, _ = server
+    assert httpx.post(f"{base}/v1/completions", timeout=120, json={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": 6}).status_code == 200
+    time.sleep(1.2)  # a monitor tick samples the instances (0.5 s)
+    page = httpx.get(f"{base}/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<script src="dashboard/plotly.min.js">' in page.text
+    assert '"state_url":"dashboard/state"' in page.text
+    for script in ("plotly.min.js", "page.js"):
+        answer = httpx.get(f"{base}/dashboard/{script}")
+        assert answer.status_code == 200 and "javascript" in answer.headers["content-type"]
+    state = httpx.get(f"{base}/dashboard/state", params={"window_s": 600}).json()
+    assert [(i["instance"], i["role"], i["state"]) for i in state["instances"]] == [
+        (0, "prefill", "up"), (1, "decode", "up")]
+    assert state["latency"]["window_s"] == 600 and state["latency"]["requests"] >= 1
+    assert state["latency"]["rows"][0]["metric"] == "TTFT"
+    assert {f["id"] for f in state["figures"]} >= {"roles", "load", "pools", "attainment"}
+    for bad in ("0", "-1", "x", "nan", "1e9"):
+        refused = httpx.get(f"{base}/dashboard/state", params={"window_s": bad})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "window_s"
+
+
 def test_bench_replays_a_trace_and_scores_it_like_the_simulator(server, tmp_path, capsys):
     base, _ = server
     from pdserve.cli import main
@@ -189,6 +242,18 @@ def test_api_key_is_required_when_configured():
     assert wrong.status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).json()[
         "data"][0]["id"] == "tiny"
+    # the dashboard too: a bearer token, or a browser's Basic credentials with the key
+    for route in ("/dashboard", "/dashboard/state", "/dashboard/page.js",
+                  "/dashboard/plotly.min.js"):
+        refused = client.get(route)
+        assert refused.status_code == 401, route
+        assert refused.headers["www-authenticate"] == 'Basic realm="pdserve dashboard"'
+        assert client.get(route, auth=("any", "nope")).status_code == 401
+        assert client.get(route, headers={"Authorization": "Basic !!"}).status_code == 401
+    assert client.get("/dashboard/page.js", auth=("anyone", "s3cret")).status_code == 200
+    assert client.get("/dashboard/page.js",
+                      headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert "WWW-Authenticate" not in client.get("/v1/models").headers
 
 
 def test_stop_strings_cut_the_text_streaming_and_not(server):

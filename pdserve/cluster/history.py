@@ -80,7 +80,7 @@ def sample_of(time_s: float, loads: Sequence[InstanceLoad], roles: Sequence[Role
     the live workers' latest reports)."""
     return LoadSample(
         time_s, [x.running_tokens for x in loads], [x.prefill_queue_tokens for x in loads],
-        [x.used_blocks / x.total_blocks if x.total_blocks else 0.0 for x in loads],
+        [x.used_blocks / total if (total := x.total_blocks) else 0.0 for x in loads],
         list(roles), list(states),
         [x.prefill_queue_len + x.decode_queue_len for x in loads],
         [x.running_decodes for x in loads])

@@ -13,6 +13,7 @@ inlined in the page, the dashboard sends it to the browser, where the same page 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,13 +142,12 @@ def load_figure(samples: Sequence[LoadSample]) -> Figure:
 def pools_figure(samples: Sequence[LoadSample]) -> Figure:
     """How many instances are up in each role over time."""
     picked = [samples[i] for i in _thin(len(samples))]
-    names = sorted({r.value for s in picked for r, state in zip(s.roles, s.states, strict=True)
-                    if state is InstanceState.UP})
+    counts = [Counter(r.value for r, state in zip(s.roles, s.states, strict=True)
+                      if state is InstanceState.UP) for s in picked]
+    names = sorted({name for count in counts for name in count})
     data = [{"type": "scatter", "mode": "lines", "line": {"shape": "hv", "width": 1.5,
              "color": ROLE_COLORS.get(name)}, "name": name, "x": [s.time_s for s in picked],
-             "y": [sum(1 for r, state in zip(s.roles, s.states, strict=True)
-                       if r.value == name and state is InstanceState.UP) for s in picked]}
-            for name in names]
+             "y": [count[name] for count in counts]} for name in names]
     return {"data": data, "layout": _layout("pool sizes (instances up in each role)",
                                             xaxis={"title": {"text": "time (s)"}},
                                             yaxis={"title": {"text": "instances"},
@@ -155,9 +155,10 @@ def pools_figure(samples: Sequence[LoadSample]) -> Figure:
 
 
 # ---- the decision log ----
-def decision_rows(decisions: Sequence[Decision]) -> list[dict[str, Any]]:
-    """The newest `MAX_LOG_ROWS` decisions, newest first, as the page's log shows them."""
-    rows = list(decisions)[-MAX_LOG_ROWS:]
+def decision_rows(decisions: Sequence[Decision],
+                  max_rows: int = MAX_LOG_ROWS) -> list[dict[str, Any]]:
+    """The newest `max_rows` decisions, newest first, as the page's log shows them."""
+    rows = list(decisions)[-max_rows:]
     return [{"time_s": round(d.time_s, 3), "kind": d.kind.value, "instance": d.instance_id,
              "target": d.target_id, "request": d.request_id,
              "role": d.role.value if d.role is not None else "", "reason": d.reason}
@@ -238,8 +239,13 @@ def attainment_figure(ended: Sequence[tuple[float, Request]], slo: SLO,
     attained = [100 * sum(meets_slo(r, slo) for r in bins[k]) / len(bins[k]) for k in keys]
 
     def p90(measure: Any, k: int) -> float | None:
-        values = [measure(r) for r in bins[k] if r.finished]
-        return _num(float(np.percentile(values, 90))) if values else None
+        values = sorted(measure(r) for r in bins[k] if r.finished)
+        if not values:
+            return None
+        at = 0.9 * (len(values) - 1)  # numpy's default (linear) percentile, without numpy's
+        low = int(at)  # per-call cost: this runs for every bin of every dashboard refresh
+        high = min(low + 1, len(values) - 1)
+        return _num(values[low] + (values[high] - values[low]) * (at - low))
 
     data = [{"type": "scatter", "mode": "lines+markers", "name": "SLO attainment %",
              "x": times, "y": attained, "line": {"color": "#2ca02c"}},
@@ -294,7 +300,8 @@ def page_state(title: str, subtitle: str, samples: Sequence[LoadSample],
                decisions: Sequence[Decision], decisions_total: int, latency: dict[str, Any],
                figures: Sequence[tuple[str, Figure]] = (),
                cards: Sequence[tuple[str, str]] = (),
-               tables: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+               tables: Sequence[dict[str, Any]] = (),
+               max_log_rows: int = MAX_LOG_ROWS) -> dict[str, Any]:
     """What the page script renders: the cluster views of `samples` and `decisions` (none
     when a run has no cluster, as a bench against any server), the latency summary, and
     any further figures, headline cards and tables."""
@@ -308,5 +315,6 @@ def page_state(title: str, subtitle: str, samples: Sequence[LoadSample],
             "instances": instance_rows(samples[-1] if samples else None),
             "latency": latency, "figures": [{"id": key, "figure": figure}
                                             for key, figure in shown],
-            "decisions": decision_rows(decisions), "decisions_total": decisions_total,
+            "decisions": decision_rows(decisions, max_log_rows),
+            "decisions_total": decisions_total,
             "decision_kinds": [kind.value for kind in DecisionKind], "tables": list(tables)}

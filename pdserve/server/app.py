@@ -259,11 +259,12 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         401, media_type="text/html", ok_description="the live dashboard (HTML)"))
     async def dashboard_page(request: Request) -> HTMLResponse:
         check_key(request, browser=True)
-        return HTMLResponse(dashboard.page(), headers={"Cache-Control": "no-store"})
+        page = await asyncio.to_thread(dashboard.page, dashboard.snapshot())
+        return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
     @app.get("/dashboard/state", response_model=None, responses=responses(
         400, 401, ok_description="what the dashboard shows now (metrics/views.py)"))
-    async def dashboard_state(request: Request, window_s: str = "") -> JSONResponse:
+    async def dashboard_state(request: Request, window_s: str = "") -> Response:
         check_key(request, browser=True)
         try:
             window = float(window_s) if window_s else DEFAULT_WINDOW_S
@@ -272,7 +273,9 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         if not 0 < window <= MAX_WINDOW_S:
             raise APIError(400, f"window_s must be a number of seconds in (0, "
                            f"{MAX_WINDOW_S:g}], got {window_s!r}", "window_s")
-        return JSONResponse(dashboard.state(window), headers={"Cache-Control": "no-store"})
+        body = await asyncio.to_thread(dashboard.state_json, dashboard.snapshot(), window)
+        return Response(body, media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
 
     @app.get("/dashboard/plotly.min.js", response_class=Response, responses=responses(
         401, 503, media_type="text/javascript", ok_description="plotly.js"))

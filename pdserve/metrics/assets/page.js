@@ -169,8 +169,13 @@
   var live = window.PDSERVE_LIVE;
   if (live) {
     var footer = document.getElementById("footer");
+    // a page opened as http://user:key@host/... resolves relative URLs with those
+    // credentials, which fetch refuses: drop them (the browser resends its Basic auth)
+    var stateUrl = new URL(live.state_url, window.location.href);
+    stateUrl.username = "";
+    stateUrl.password = "";
     var poll = function () {
-      fetch(live.state_url, {credentials: "same-origin", cache: "no-store"})
+      fetch(stateUrl.href, {credentials: "same-origin", cache: "no-store"})
         .then(function (answer) {
           if (!answer.ok) { throw new Error("HTTP " + answer.status); }
           return answer.json();
