@@ -127,3 +127,36 @@ def test_without_plotly_a_run_skips_its_report_and_says_how_to_get_it(tmp_path, 
     assert not (tmp_path / "report.html").exists()
     [line] = caplog.messages
     assert "report.html" in line and "pip install 'pdserve[report]'" in line
+
+
+def test_the_pareto_front_keeps_exactly_the_points_nothing_beats_on_both_costs() -> None:
+    from pdserve.metrics.views import pareto_front
+
+    xs = [1.0, 2.0, 3.0, 2.0, 1.0, float("nan")]
+    ys = [3.0, 2.0, 1.0, 3.0, 3.0, 0.0]
+    # (2, 3) is beaten by (2, 2); the two (1, 3) tie and both stay; NaN never is
+    assert pareto_front(xs, ys) == [0, 1, 2, 4]
+
+
+def test_plan_writes_its_candidates_and_their_pareto_plot(tmp_path, capsys) -> None:
+    pytest.importorskip("plotly")
+    from pdserve.cli import main
+
+    out = tmp_path / "plan"
+    assert main(["plan", "--policy", "ampd", "--gpus", "3", "--synthetic-requests", "5",
+                 "--synthetic-rate", "0.5", "--model", "llama-3.1-8b", "--gpu", "h800",
+                 "--processes", "1", "--top", "4", "--out", str(out)]) == 0
+    assert "report.html" in capsys.readouterr().out
+    document = json.loads((out / "summary.json").read_text())
+    deployments = document["deployments"]
+    assert len(deployments) == 4 and all(d["gpus_used"] <= 3 for d in deployments)
+    page = (out / "report.html").read_text()
+    state = json.loads(re.search(r'<script id="state" type="application/json">(.*?)</script>',
+                                 page, re.S).group(1))
+    assert state["latency"] is None  # a plan, not a run: no run sections
+    [figure] = state["figures"]
+    candidates, front = figure["figure"]["data"]
+    assert candidates["x"] == [d["tau_prefill"] for d in deployments]
+    assert front["x"] and set(front["text"]) <= {d["describe"] for d in deployments}
+    [listed] = state["tables"]
+    assert [row[1] for row in listed["rows"]] == [d["describe"] for d in deployments]

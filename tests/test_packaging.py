@@ -149,13 +149,16 @@ def test_both_planners_run_on_a_base_install(tmp_path: Path):
     ampd, taichi = run_cli([
         ["plan", "--policy", "ampd", "--gpus", "2", "--synthetic-requests", "5",
          "--synthetic-rate", "0.5", "--model", "llama-3.1-8b", "--gpu", "h800",
-         "--processes", "1"],
+         "--processes", "1", "--out", str(tmp_path / "ampd")],
         ["plan", "--policy", "taichi", "--trace", "synthetic", "--synthetic-requests", "30",
          "--synthetic-rate", "10", "--instances", "2", "--chunk-sizes", "512",
          "--d-chunk-sizes", "0", "--processes", "1", "--no-progress", "--model",
          "llama-3.1-8b", "--gpu", "h800", "--time-limit", "30"]], tmp_path)
     assert ampd["code"] == 0, ampd["stderr"]
     assert "deployments by the ILP" in ampd["stdout"]
+    assert (tmp_path / "ampd" / "summary.json").is_file()  # the report needs plotly
+    assert not (tmp_path / "ampd" / "report.html").exists()
+    assert "pip install 'pdserve[report]'" in ampd["stderr"]
     assert taichi["code"] == 0, taichi["stderr"]
     assert "best: --policy taichi" in taichi["stdout"]
 

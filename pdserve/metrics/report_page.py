@@ -94,6 +94,18 @@ def write_report(path: Path, state: dict[str, Any]) -> bool:
     return True
 
 
+def write_plan(out: Path, title: str, subtitle: str, document: dict[str, Any],
+               figure: Figure, results: dict[str, Any],
+               cards: Sequence[tuple[str, str]] = ()) -> None:
+    """A planner's `summary.json` (`document`) and `report.html` (the Pareto plot of its
+    candidates and their table) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(document, indent=2) + "\n")
+    written = write_report(out / "report.html", page_state(
+        title, subtitle, (), (), 0, None, [("pareto", figure)], cards, [results]))
+    print(f"wrote {out}/: summary.json" + (", report.html" if written else ""))
+
+
 def ended_at(requests: Sequence[Request]) -> list[tuple[float, Request]]:
     """Each request with when it ended: its finish, or (rejected, unfinished) its arrival."""
     return [(r.finish_s if r.finished else r.arrival_s, r) for r in requests]

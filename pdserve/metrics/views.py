@@ -285,6 +285,44 @@ def attainment_vs_rate_figure(goodput: GoodputResult, label: str) -> Figure:
                                        "line": {"color": "#7f7f7f", "dash": "dash"}}])}
 
 
+def pareto_figure(title: str, labels: Sequence[str], xs: Sequence[float],
+                  ys: Sequence[float], x_title: str, y_title: str,
+                  color: Sequence[float] = (), color_title: str = "") -> Figure:
+    """Candidates as points of two costs (lower is better on both), the Pareto front (the
+    points no other beats on both) joined and labelled; `color`: a third measure."""
+    front = pareto_front(xs, ys)
+    marker: dict[str, Any] = {"size": 9, "line": {"width": 1, "color": "#ffffff"}}
+    if color:
+        marker.update(color=list(color), colorscale="Viridis", showscale=True,
+                      colorbar={"title": {"text": color_title}})
+    ordered = sorted(front, key=lambda i: xs[i])
+    return {"data": [
+        {"type": "scatter", "mode": "markers", "name": "candidates", "x": list(xs),
+         "y": list(ys), "text": list(labels), "hoverinfo": "text+x+y", "marker": marker},
+        {"type": "scatter", "mode": "lines+markers+text", "name": "Pareto front",
+         "x": [xs[i] for i in ordered], "y": [ys[i] for i in ordered],
+         "text": [labels[i] for i in ordered], "textposition": "top right",
+         "line": {"color": "#d62728", "dash": "dot"}, "marker": {"color": "#d62728",
+                                                                  "size": 11,
+                                                                  "symbol": "circle-open"}}],
+        "layout": _layout(title, xaxis={"title": {"text": x_title}},
+                          yaxis={"title": {"text": y_title}}, height=480)}
+
+
+def pareto_front(xs: Sequence[float], ys: Sequence[float]) -> list[int]:
+    """Indices of the points no other point beats on both (lower) costs; NaN never is."""
+    points = [(x, y, i) for i, (x, y) in enumerate(zip(xs, ys, strict=True))
+              if not (math.isnan(x) or math.isnan(y))]
+    return [i for x, y, i in points
+            if not any(a <= x and b <= y and (a < x or b < y) for a, b, _ in points)]
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """A table the page shows as it is (numbers as numbers, NaN as a dash)."""
+    return {"title": title, "columns": list(columns),
+            "rows": [[_num(v) if isinstance(v, float) else v for v in row] for row in rows]}
+
+
 # ---- the page ----
 def instance_rows(sample: LoadSample | None) -> list[dict[str, Any]]:
     """Each instance as the latest sample has it."""
@@ -297,14 +335,16 @@ def instance_rows(sample: LoadSample | None) -> list[dict[str, Any]]:
 
 
 def page_state(title: str, subtitle: str, samples: Sequence[LoadSample],
-               decisions: Sequence[Decision], decisions_total: int, latency: dict[str, Any],
+               decisions: Sequence[Decision], decisions_total: int,
+               latency: dict[str, Any] | None,
                figures: Sequence[tuple[str, Figure]] = (),
                cards: Sequence[tuple[str, str]] = (),
                tables: Sequence[dict[str, Any]] = (),
                max_log_rows: int = MAX_LOG_ROWS) -> dict[str, Any]:
     """What the page script renders: the cluster views of `samples` and `decisions` (none
-    when a run has no cluster, as a bench against any server), the latency summary, and
-    any further figures, headline cards and tables."""
+    when a run has no cluster, as a bench against any server), the latency summary (None:
+    not a run, as a plan; the page then shows no run sections), and any further figures,
+    headline cards and tables."""
     shown: list[tuple[str, Figure]] = []
     if samples:
         shown += [("roles", roles_figure(samples, decisions)), ("pools", pools_figure(samples)),

@@ -152,11 +152,16 @@
     document.getElementById("title").textContent = state.title;
     document.getElementById("subtitle").textContent = state.subtitle;
     renderCards(state);
-    renderInstances(state);
-    renderLatency(state);
+    var run = state.latency !== null;  // a plan's page shows no run
+    document.getElementById("run").style.display = run ? "" : "none";
+    document.getElementById("log").style.display = run ? "" : "none";
+    if (run) {
+      renderInstances(state);
+      renderLatency(state);
+      renderDecisions(state);
+    }
     renderFigures(state);
     renderTables(state);
-    renderDecisions(state);
     document.body.setAttribute("data-updates",
                                String(Number(document.body.getAttribute("data-updates")) + 1));
   }
