@@ -13,7 +13,9 @@ method per action, applied by the shared `apply_actions`) over worker processes,
 collaborators that own their own state and never import it back: `WorkerLifecycle`
 (workers started and stopped on request), `TokenStreams` (each token to its client),
 `LiveSessions` and `HistoryReads` (sessions and their history reads); `failover.py` holds
-the rules for a worker's death and `status.py` renders `/health` and `/metrics`.
+the rules for a worker's death, `status.py` renders `/health`, `server_metrics.py` owns the
+Prometheus metrics, and `cluster_history` (`cluster/history.py`) logs every decision with
+its reason and samples the instances at each tick for the dashboard.
 
 Faults (`failover.py` holds the rules): a request that fails on a worker fails alone
 (`WorkerError`). A worker that exits is reported to the scheduler (`InstanceFailed`), its
