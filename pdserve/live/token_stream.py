@@ -30,7 +30,6 @@ class TokenStreams:
         self.timeline = timeline  # fidelity runs only
         # (when, request) of the newest finished or failed requests, in order
         self.ended: deque[tuple[float, Request]] = deque(maxlen=max_ended)
-        self._last_token_s: dict[int, float] = {}  # client id -> its last token's time
 
     def push(self, live: LiveRequest, instance: int, token: int, reason: str,
              logprob: TokenLogprob | None, now: float, batch_end_s: float) -> bool:
@@ -39,10 +38,9 @@ class TokenStreams:
         request = live.request
         request.generated_tokens += 1
         metrics = self.metrics
-        last_s = self._last_token_s.get(live.client_id)
-        if last_s is not None:
-            metrics.observe(metrics.itl, now - last_s)
-        self._last_token_s[live.client_id] = now
+        if live.last_token_s is not None:
+            metrics.observe(metrics.itl, now - live.last_token_s)
+        live.last_token_s = now
         if math.isnan(request.first_token_s):
             request.first_token_s = now
             metrics.observe(metrics.ttft, now - request.arrival_s)
@@ -89,5 +87,4 @@ class TokenStreams:
         live.events.put_nowait(("error", message))
 
     def _ended(self, live: LiveRequest, now: float) -> None:
-        self._last_token_s.pop(live.client_id, None)
         self.ended.append((now, live.request))

@@ -47,7 +47,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 
-from pdserve.config import Config
+from pdserve.config import serve_defaults
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.structured_output import GrammarCompiler
 from pdserve.live.driver import LiveDriver, LiveRequest, Overloaded
@@ -95,7 +95,7 @@ class ServerSettings:
     api_key: str | None = None
     chat_template: ChatTemplate = field(default_factory=ChatTemplate)
     url: str = ""  # where it listens, for the start-up log line
-    slo: SLO = field(default_factory=lambda: Config().slo.targets())  # the dashboard's
+    slo: SLO = field(default_factory=lambda: serve_defaults().slo.targets())  # dashboard's
 
 
 def create_app(driver: LiveDriver, settings: ServerSettings,
