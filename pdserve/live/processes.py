@@ -57,6 +57,7 @@ class WorkerSettings:
     perf: PerfModel | None = None  # for orders that read prefill estimates (AMPD's Alg. 2)
     decode_forecast: ForecastSettings | None = None  # the policy's (ARES); None: none kept
     device: EngineDevice | None = None  # the engine's device and dtype (None: CPU float32)
+    kv_block_bytes: int = 0  # bytes of one KV block (the transfer metrics'; 0: not counted)
     start_timeout_s: float = 120.0
     max_restarts: int = 5  # per worker within restart_window_s; 0 disables restarts
     restart_window_s: float = 600.0
