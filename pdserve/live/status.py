@@ -3,9 +3,11 @@
 Health is honest: "ok" (HTTP 200) only while some live instance takes prefills and some
 takes decodes, i.e. while a request can be served; otherwise "unavailable" (503). The body
 names live, restarting and dead workers, their roles and PIDs, recent role changes with
-their reasons, and which performance model the policies read (`PerfModelState`). Metrics
-count live pool members only, and per-instance families cover live workers (a dead
-worker's last snapshot is not reported as current).
+their reasons, and which performance model the policies read (`PerfModelState`); for
+workers on a Ray cluster, each live one's node and which (re)starts wait for resources
+(`placement`, `placement_families`). Metrics count live pool members only, and
+per-instance families cover live workers (a dead worker's last snapshot is not reported
+as current).
 """
 
 from __future__ import annotations
@@ -63,7 +65,35 @@ def health(board: RoleBoard, workers: WorkerProcesses, requests_in_flight: int,
         "perf_model": perf_model.state,
         "perf_model_origin": perf_model.origin,
         **({"perf_model_error": perf_model.error} if perf_model.error else {}),
+        **placement(workers),
     }
+
+
+def placement(workers: WorkerProcesses) -> dict[str, object]:
+    """Workers on a Ray cluster: each live worker's node, and the instances whose start
+    waits for resources, with why (none for local worker processes)."""
+    placements = workers.placements()
+    if not placements:
+        return {}
+    return {
+        "nodes": {str(i): {"node_id": p.node_id, "node_ip": p.node_ip}
+                  for i, p in enumerate(placements) if p.node_id},
+        "waiting_for_resources": {str(i): p.waiting_for_resources
+                                  for i, p in enumerate(placements) if p.waiting_for_resources},
+    }
+
+
+def placement_families(workers: WorkerProcesses) -> list[Family]:
+    """One family for workers on a Ray cluster (none for local worker processes)."""
+    placements = workers.placements()
+    if not placements:
+        return []
+    return [Family(
+        "worker_waiting_for_resources", "gauge",
+        "1 while the instance's (re)start waits for a node with room for it, else 0; "
+        "node_id and node_ip name the node of its live worker (empty while none is live).",
+        [({"instance": str(i), "node_id": p.node_id, "node_ip": p.node_ip},
+          1.0 if p.waiting_for_resources else 0.0) for i, p in enumerate(placements)])]
 
 
 def metric_families(board: RoleBoard, workers: WorkerProcesses,
@@ -106,5 +136,6 @@ def metric_families(board: RoleBoard, workers: WorkerProcesses,
         Family("workers_failed", "gauge", "Workers not serving now (restarting or dead).",
                [({}, float(sum(s in (WorkerState.RESTARTING, WorkerState.DEAD)
                                 for s in states)))]),
+        *placement_families(workers),
     ]
     return families
