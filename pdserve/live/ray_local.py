@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdserve.live.ray_cluster import (
+    DEFAULT_TOKEN_PATH,
     LOOPBACK,
     RAY_MISSING,
     token_at_hand,
@@ -67,7 +68,10 @@ class LocalRayCluster:
             from ray.cluster_utils import Cluster
         except ImportError as err:
             raise ValueError(f"{RAY_MISSING} ({err})") from err
+        made = not token_at_hand()
         ensure_token_if_auth_enabled(None, create_token_if_missing=True)  # as ray.init does
+        if made and self.authenticated and DEFAULT_TOKEN_PATH.is_file():
+            DEFAULT_TOKEN_PATH.chmod(0o600)  # Ray writes it readable by all
         s = self.settings
         node = {"num_cpus": s.cpus_per_node, "node_ip_address": LOOPBACK,
                 "object_store_memory": NODE_OBJECT_STORE_BYTES}
