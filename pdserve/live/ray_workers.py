@@ -126,7 +126,7 @@ class RayWorkers(WorkerProcesses):
                                   self._processes[instance])
 
     def _presume_lost(self, instance: int, process: ActorProcess) -> None:
-        if self._processes[instance] is process and process.is_alive():
+        if self._processes[instance] is process and process.is_alive() and not self._stopping:
             node = process.node_ip or "its node"
             log.warning("worker %d: its connection broke and Ray has not said how its actor "
                         "ended within %.0f s: presumed lost with %s (%s)", instance,
