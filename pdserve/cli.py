@@ -1,4 +1,5 @@
-"""Command line: `pdserve simulate | profile | serve | bench | plan | predictor`."""
+"""Command line: `pdserve simulate | profile | serve | bench | plan | predictor |
+ray-local`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pdserve.config_flags import (
     config_from_args,
 )
 from pdserve.engine.profile_cli import add_profile_parser
+from pdserve.live.ray_local import add_ray_local_parser
 from pdserve.planning.cli import add_plan_parser
 from pdserve.predictor.cli import add_predictor_parser
 from pdserve.server.serve_cli import add_serve_parser
@@ -243,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     add_plan_parser(sub)
     add_predictor_parser(sub)
+    add_ray_local_parser(sub)
     return parser
 
 

@@ -100,12 +100,17 @@ def decoding(driver, instances: set[int], min_tokens: int = 5):
     raise AssertionError(f"no request decoded on {instances} within {BOUND_S}s")
 
 
-def test_workers_run_as_actors_on_the_nodes_they_were_placed_on(server, cluster):
+def test_workers_run_as_actors_on_the_nodes_they_were_placed_on_and_health_names_them(
+        server, cluster):
     base, driver = server
     nodes = [driver.workers.node_of(i) for i in range(3)]
     assert nodes[0] == nodes[2] != nodes[1]
     assert nodes[1] == cluster[1].node_id
-    assert httpx.get(f"{base}/health").status_code == 200
+    health = httpx.get(f"{base}/health")
+    assert health.status_code == 200
+    assert health.json()["nodes"] == {str(i): {"node_id": node, "node_ip": LOOPBACK}
+                                      for i, node in enumerate(nodes)}
+    assert health.json()["waiting_for_resources"] == {}
 
 
 def test_a_prefill_on_one_node_decoded_on_the_other_equals_one_instance(server):

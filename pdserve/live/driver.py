@@ -530,4 +530,4 @@ class LiveDriver:
 
     def _gauges(self) -> ClusterGauges:
         return ClusterGauges(self.scheduler.roles, status.instance_states(self.workers),
-                             self.view.instances, len(self.live))
+                             self.view.instances, len(self.live), self.workers.placements())

@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from pdserve.cluster.history import InstanceState
 from pdserve.instance.stats import InstanceLoad
+from pdserve.live.processes import WorkerPlacement
 from pdserve.types import Role
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -63,6 +64,9 @@ class ClusterGauges:
     states: Sequence[InstanceState]
     loads: Sequence[InstanceLoad]
     requests_in_flight: int
+    # workers on a Ray cluster: each instance's node and whether its (re)start waits for
+    # resources (`WorkerProcesses.placements`); empty for local worker processes
+    placements: Sequence[WorkerPlacement] = ()
 
 
 class ServerMetrics:
@@ -240,6 +244,16 @@ class _ClusterCollector(Collector):
                                       "not yet ended.", labels=["model_name"])
         in_flight.add_metric([model], float(now.requests_in_flight))
         yield in_flight
+        if now.placements:
+            waiting = GaugeMetricFamily(
+                "pdserve:worker_waiting_for_resources", "1 while the instance's (re)start "
+                "waits for a node with room for it, else 0; node_id and node_ip name the node "
+                "of its live worker (empty while none is live).",
+                labels=["model_name", "engine", "node_id", "node_ip"])
+            for instance, placed in enumerate(now.placements):
+                waiting.add_metric([model, str(instance), placed.node_id, placed.node_ip],
+                                   1.0 if placed.waiting_for_resources else 0.0)
+            yield waiting
 
 
 class _IgnoredFields(Collector):

@@ -4,7 +4,9 @@ dashboard and the metrics (`server_metrics.py`) name it.
 Health is honest: "ok" (HTTP 200) only while some live instance takes prefills and some
 takes decodes, i.e. while a request can be served; otherwise "unavailable" (503). The body
 names live, restarting and dead workers, their roles and PIDs, recent role changes with
-their reasons, and which performance model the policies read (`PerfModelState`).
+their reasons, and which performance model the policies read (`PerfModelState`); for
+workers on a Ray cluster, each live one's node and which (re)starts wait for resources
+(`placement`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def health(board: RoleBoard, workers: WorkerProcesses, requests_in_flight: int,
         "perf_model": perf_model.state,
         "perf_model_origin": perf_model.origin,
         **({"perf_model_error": perf_model.error} if perf_model.error else {}),
+        **placement(workers),
     }
 
 
@@ -68,6 +71,20 @@ def instance_states(workers: WorkerProcesses) -> list[InstanceState]:
     """Each instance's state as the dashboard and the metrics name it (a worker still
     starting counts as restarting: it cannot serve yet)."""
     return [_STATES[state] for state in workers.states]
+
+
+def placement(workers: WorkerProcesses) -> dict[str, object]:
+    """Workers on a Ray cluster: each live worker's node, and the instances whose start
+    waits for resources, with why (none for local worker processes)."""
+    placements = workers.placements()
+    if not placements:
+        return {}
+    return {
+        "nodes": {str(i): {"node_id": p.node_id, "node_ip": p.node_ip}
+                  for i, p in enumerate(placements) if p.node_id},
+        "waiting_for_resources": {str(i): p.waiting_for_resources
+                                  for i, p in enumerate(placements) if p.waiting_for_resources},
+    }
 
 
 _STATES = {WorkerState.LIVE: InstanceState.UP, WorkerState.STARTING: InstanceState.RESTARTING,

@@ -51,6 +51,7 @@ from pdserve.config import serve_defaults
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.structured_output import GrammarCompiler
 from pdserve.live.driver import LiveDriver, LiveRequest, Overloaded
+from pdserve.live.processes import StartupError
 from pdserve.live.server_metrics import CONTENT_TYPE
 from pdserve.metrics.report_page import ReportUnavailable
 from pdserve.server import openapi
@@ -70,6 +71,7 @@ from pdserve.server.responses import Choice
 from pdserve.server.responses import Response as Reply
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
 from pdserve.server.sessions import session_key
+from pdserve.server.startup import interruptible, quiet_traceback
 from pdserve.server.tokenization import DetokenizeRequest, detokenize, tokenize
 from pdserve.server.unknown_fields import UnknownFields
 from pdserve.server.validation import Limits
@@ -117,7 +119,12 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         started = time.monotonic()
         log.info("starting %d workers", driver.workers.count)
-        await driver.start()
+        try:
+            await interruptible(driver.start())
+        except StartupError as err:
+            log.error("start-up failed: %s", err)
+            quiet_traceback(err)
+            raise
         roles = ", ".join(f"{i}: {role.value} (pid {driver.workers.pid(i) or 'not started'})"
                           for i, role in enumerate(driver.scheduler.roles))
         log.info("workers up in %.1fs: %s", time.monotonic() - started, roles)
