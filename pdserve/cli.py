@@ -1,4 +1,5 @@
-"""Command line: `pdserve simulate | profile | serve | bench | plan | predictor`."""
+"""Command line: `pdserve simulate | profile | serve | bench | plan | predictor |
+ray-local`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pdserve.config_flags import (
     config_from_args,
 )
 from pdserve.engine.profile_cli import add_profile_parser
+from pdserve.live.ray_local import add_ray_local_parser
 from pdserve.planning.cli import add_plan_parser
 from pdserve.predictor.cli import add_predictor_parser
 from pdserve.server.serve_cli import add_serve_parser
@@ -60,6 +62,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         write_requests_csv,
         write_summary_json,
     )
+    from pdserve.metrics.report_page import run_state, write_report
     from pdserve.sim.runner import Experiment
 
     config = config_from_args(args)
@@ -117,8 +120,20 @@ def _run_simulate(args: argparse.Namespace) -> int:
             plots.plot_attainment(out / "attainment_vs_rate.png", {config.policy.name: goodput},
                                   f"{workload.name}, TTFT {config.slo.ttft_s:g}s, TPOT "
                                   f"{config.slo.tpot_s:g}s")
+        title = f"{config.policy.name} on {workload.name}"
+        reported = write_report(out / "report.html", run_state(
+            f"pdserve simulate: {title}", f"{len(result.requests)} requests, "
+            f"{result.end_s:.0f} s simulated; SLO TTFT {config.slo.ttft_s:g} s, TPOT "
+            f"{config.slo.tpot_s:g} s", result.requests, experiment.slo, result.samples,
+            result.decisions, goodput, config.policy.name, [
+                ("policy", config.policy.name), ("requests", str(summary.requests)),
+                ("completed", str(summary.completed)), ("rejected", str(summary.rejected)),
+                ("SLO attainment", f"{summary.slo_attainment:.1%}"),
+                ("role flips", str(result.flips)), ("migrations", str(result.migrations))]
+            + ([("goodput", f"{goodput.rate_rps:.2f} req/s")] if goodput else [])))
         print(f"wrote {out}/: summary.json, requests.csv, config.yaml, latency_cdf.png, "
-              f"instance_load.png" + (", attainment_vs_rate.png" if goodput else ""))
+              f"instance_load.png" + (", attainment_vs_rate.png" if goodput else "")
+              + (", report.html" if reported else ""))
     return 0
 
 
@@ -174,6 +189,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                          f"{err}") from err
     from pdserve.metrics import plots
     from pdserve.metrics.report import format_summary, write_requests_csv, write_summary_json
+    from pdserve.metrics.report_page import run_state, write_report
     from pdserve.metrics.summary import summarize
     from pdserve.types import SLO
 
@@ -206,7 +222,16 @@ def _run_bench(args: argparse.Namespace) -> int:
         write_requests_csv(args.out / "requests.csv", requests, slo)
         plots.plot_latency_cdfs(args.out / "latency_cdf.png", requests, slo,
                                 f"live replay of {args.trace}")
-        print(f"wrote {args.out}/: summary.json, requests.csv, latency_cdf.png")
+        reported = write_report(args.out / "report.html", run_state(
+            f"pdserve bench: {args.trace} against {args.url}", f"{len(requests)} requests "
+            f"of {model}, rate scale {args.rate_scale:g}; SLO TTFT {slo.ttft_s:g} s, TPOT "
+            f"{slo.tpot_s:g} s (a pdserve server shows its cluster at /dashboard)", requests,
+            slo, cards=[("requests", str(summary.requests)),
+                        ("completed", str(summary.completed)),
+                        ("SLO attainment", f"{summary.slo_attainment:.1%}"),
+                        ("throughput", f"{summary.throughput_rps:.2f} req/s")]))
+        print(f"wrote {args.out}/: summary.json, requests.csv, latency_cdf.png"
+              + (", report.html" if reported else ""))
     return 0
 
 
@@ -220,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     add_plan_parser(sub)
     add_predictor_parser(sub)
+    add_ray_local_parser(sub)
     return parser
 
 

@@ -275,8 +275,10 @@ SERVE_FLAGS = (
     Flag("--dtype", "engine.dtype", "weights and KV: auto is bfloat16 on a GPU, float32 on "
          "the CPU", choices=DTYPE_CHOICES),
     Flag("--ray", "server.ray.address", "host the workers in Ray actors: on the cluster at "
-         "ADDRESS, or without one on a local Ray instance on 127.0.0.1 (pip install "
-         "'pdserve[ray]')", optional_value="", metavar="ADDRESS"),
+         "HOST:PORT (its head's GCS port), or without one on a local Ray instance on "
+         "127.0.0.1 (pip install 'pdserve[ray]')", optional_value="", metavar="ADDRESS"),
+    Flag("--ray-connect-timeout", "server.ray.connect_timeout_s", "seconds to join the Ray "
+         "cluster at --ray's address before failing, saying why"),
     Flag("--ray-kv-transport", "server.ray.kv_transport", "KV hand-off between nodes",
          choices=KV_TRANSPORTS),
     Flag("--ray-cpus-per-worker", "server.ray.cpus_per_worker", "CPUs per Ray worker"),

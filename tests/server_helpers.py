@@ -52,3 +52,15 @@ def wait_until(condition, timeout_s: float, poll_s: float = 0.02) -> bool:  # ty
             return True
         time.sleep(poll_s)
     return False
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sample `name` of the Prometheus text `text` (as `/metrics` serves it), summed over
+    the samples whose labels include `labels`; AssertionError when there is none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = [sample.value for family in text_string_to_metric_families(text)
+             for sample in family.samples if sample.name == name
+             and all(sample.labels.get(k) == v for k, v in labels.items())]
+    assert found, f"no sample {name} {labels} in /metrics"
+    return sum(found)

@@ -116,7 +116,7 @@ def simulated(target_role: Role, home_serving: bool) -> tuple[Simulator, Request
     board.set_role(OTHER, target_role)
     board.take_changes()
     if not home_serving:
-        sim.lifecycle.stop(HOME, "test", 0.0)
+        sim.lifecycle.stop(HOME, 0.0)
     request = next_round(HOME)
     sim.sessions.on_arrival(request)
     return sim, request

@@ -69,7 +69,7 @@ def test_ares_migrates_a_decode_mid_stream_with_identical_text(tmp_path) -> None
             thread.join(180)
             assert not thread.is_alive()
         moves = [r for r in rebalancer.records if r.migrated]
-        assert moves and driver.metrics.counters["migrations"] >= 1, rebalancer.records[-5:]
+        assert moves and driver.metrics.total("pdserve:migrations") >= 1, rebalancer.records[-5:]
         # mid-stream: the moved request had tokens out and more to go
         assert all(0 < r.moved_at_tokens < TOKENS for r in moves)
         for k in range(2):

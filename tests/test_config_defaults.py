@@ -194,6 +194,8 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "perf": "the profile, for queue orders that read prefill estimates",
         "decode_forecast": "the policy's (ARES)",
         "device": "resolved from engine.device and engine.dtype (`resolve_device`)",
+        "kv_block_bytes": "the served model's KV bytes per block in the engine's dtype (the "
+                          "transfer metrics')",
         "start_timeout_s": "worker supervision (no config path)",
         "max_restarts": "worker supervision (no config path)",
         "restart_window_s": "worker supervision (no config path)",
@@ -210,6 +212,8 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "ray": Path("server.ray"),
         "perf_model": "whether the policy's performance model is provisional or profiled, "
                       "and where it came from (perf.profile, the cache or the probe)",
+        "model_name": "the served name (server.served_model_name, else the model's): the "
+                      "metrics' model_name label",
     }),
     ServerSettings: (SERVE, {
         "model_name": Path("server.served_model_name"),  # "" there: the model's name
@@ -219,6 +223,7 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "api_key": Path("server.api_key", lambda c: c.server.api_key or None),
         "chat_template": "server.chat_template's file, else the checkpoint's own template",
         "url": "where it listens (server.host, server.port), for the start-up log line",
+        "slo": Path("slo", _slo),
     }),
 }
 

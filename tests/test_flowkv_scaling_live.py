@@ -48,9 +48,9 @@ def test_reserve_worker_starts_on_scale_up_serves_and_stops_when_drained(tmp_pat
         reasons = [r for _, i, _, r in driver.role_changes if i == 2]
         assert any("scale up" in r for r in reasons), reasons
         assert set(texts) == {local_greedy(PROMPT * 4, 24)}  # same text on every instance
-        assert driver.metrics.counters["workers_started"] == 1
+        assert driver.metrics.total("pdserve:instance_starts") == 1
         # idle: scaled down after scale_down_after_s, drained, its worker stopped
         assert wait_until(lambda: workers.states[2] is WorkerState.STOPPED, 30)
         assert driver.scheduler.roles[2] is Role.RESERVE
         assert complete(0) == local_greedy(PROMPT * 4, 24)  # the others still serve
-        assert driver.metrics.counters.get("worker_failures", 0) == 0
+        assert driver.metrics.total("pdserve:worker_failures") == 0

@@ -30,7 +30,7 @@ ROOT = Path(pdserve.__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 # packages of the extras, none of which the simulate or plan path may need
 EXTRAS_ONLY = ("torch", "fastapi", "uvicorn", "ray", "transformers", "gguf", "tokenizers",
-               "safetensors", "jinja2", "httpx", "llguidance")
+               "safetensors", "jinja2", "httpx", "llguidance", "plotly", "prometheus_client")
 
 SCRIPT = textwrap.dedent('''
     import contextlib, io, json, os, sys
@@ -138,19 +138,27 @@ def test_simulate_runs_on_a_base_install(tmp_path: Path):
     assert result["code"] == 0, result["stderr"]
     assert "SLO attainment" in result["stdout"]
     assert (tmp_path / "out" / "latency_cdf.png").is_file()
+    assert (tmp_path / "out" / "summary.json").is_file()
+    # no plotly: no report.html, and one line says how to get it
+    assert not (tmp_path / "out" / "report.html").exists()
+    hints = [line for line in result["stderr"].splitlines() if "report.html" in line]
+    assert len(hints) == 1 and "pip install 'pdserve[report]'" in hints[0], result["stderr"]
 
 
 def test_both_planners_run_on_a_base_install(tmp_path: Path):
     ampd, taichi = run_cli([
         ["plan", "--policy", "ampd", "--gpus", "2", "--synthetic-requests", "5",
          "--synthetic-rate", "0.5", "--model", "llama-3.1-8b", "--gpu", "h800",
-         "--processes", "1"],
+         "--processes", "1", "--out", str(tmp_path / "ampd")],
         ["plan", "--policy", "taichi", "--trace", "synthetic", "--synthetic-requests", "30",
          "--synthetic-rate", "10", "--instances", "2", "--chunk-sizes", "512",
          "--d-chunk-sizes", "0", "--processes", "1", "--no-progress", "--model",
          "llama-3.1-8b", "--gpu", "h800", "--time-limit", "30"]], tmp_path)
     assert ampd["code"] == 0, ampd["stderr"]
     assert "deployments by the ILP" in ampd["stdout"]
+    assert (tmp_path / "ampd" / "summary.json").is_file()  # the report needs plotly
+    assert not (tmp_path / "ampd" / "report.html").exists()
+    assert "pip install 'pdserve[report]'" in ampd["stderr"]
     assert taichi["code"] == 0, taichi["stderr"]
     assert "best: --policy taichi" in taichi["stdout"]
 

@@ -17,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
-from server_helpers import running_server  # noqa: E402
+from server_helpers import metric, running_server  # noqa: E402
 from test_server import PROMPT, local_greedy  # noqa: E402
 from test_server_faults import FAULT_TOKEN, complete, stream_text  # noqa: E402
 
@@ -100,12 +100,17 @@ def decoding(driver, instances: set[int], min_tokens: int = 5):
     raise AssertionError(f"no request decoded on {instances} within {BOUND_S}s")
 
 
-def test_workers_run_as_actors_on_the_nodes_they_were_placed_on(server, cluster):
+def test_workers_run_as_actors_on_the_nodes_they_were_placed_on_and_health_names_them(
+        server, cluster):
     base, driver = server
     nodes = [driver.workers.node_of(i) for i in range(3)]
     assert nodes[0] == nodes[2] != nodes[1]
     assert nodes[1] == cluster[1].node_id
-    assert httpx.get(f"{base}/health").status_code == 200
+    health = httpx.get(f"{base}/health")
+    assert health.status_code == 200
+    assert health.json()["nodes"] == {str(i): {"node_id": node, "node_ip": LOOPBACK}
+                                      for i, node in enumerate(nodes)}
+    assert health.json()["waiting_for_resources"] == {}
 
 
 def test_a_prefill_on_one_node_decoded_on_the_other_equals_one_instance(server):
@@ -118,7 +123,7 @@ def test_a_prefill_on_one_node_decoded_on_the_other_equals_one_instance(server):
     # the decode ran on node B (instance 1, the least loaded first): the prefill's KV was
     # read from node A's worker, whole blocks, in aligned runs
     assert runs > before[0] and sent_bytes > before[1]
-    assert "pdserve_transfers_total 1" in httpx.get(f"{base}/metrics").text
+    assert metric(httpx.get(f"{base}/metrics").text, "pdserve:kv_handoffs_total") == 1
 
 
 def test_a_decode_migrated_across_nodes_mid_stream_loses_and_repeats_nothing(server):
@@ -134,7 +139,7 @@ def test_a_decode_migrated_across_nodes_mid_stream_loses_and_repeats_nothing(ser
     assert out["error"] is None and out["text"] == local_greedy(PROMPT, 200)
     assert live.request.decode_instance == target
     assert sent_to_peers(driver, source)[1] > before[1]  # read across the nodes
-    assert "pdserve_migrations_total 1" in httpx.get(f"{base}/metrics").text
+    assert metric(httpx.get(f"{base}/metrics").text, "pdserve:migrations_total") == 1
 
 
 def wait_live(driver, instance: int) -> None:
@@ -159,7 +164,7 @@ def test_a_killed_actor_re_runs_its_requests_and_its_restart_takes_work_again(se
     wait_live(driver, victim)
     assert driver.workers.pid(victim) != old_pid
     metrics = httpx.get(f"{base}/metrics").text
-    assert "pdserve_worker_restarts_total 1" in metrics
+    assert metric(metrics, "pdserve:worker_restarts_total") == 1
     # two long decodes at once: the least-loaded router gives one to each decode instance,
     # so the restarted one takes work again
     streams = [stream_in_thread(base, 120) for _ in range(2)]
@@ -183,7 +188,7 @@ def test_an_actor_that_dies_by_itself_fails_the_request_it_ran_and_restarts(serv
     assert driver.workers.pid(0) != before
     assert complete(base, PROMPT).status_code == 200
     metrics = httpx.get(f"{base}/metrics").text
-    assert 'pdserve_requests_failed_total{reason="worker_crash"} 1' in metrics
+    assert metric(metrics, "pdserve:requests_failed_total", reason="worker_crash") == 1
 
 
 def test_a_node_that_leaves_takes_its_instance_and_nothing_hangs(server, cluster):

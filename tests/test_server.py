@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from engine_helpers import tiny_greedy_engine
-from server_helpers import running_server
+from server_helpers import metric, running_server
 
 from pdserve.engine.tokenizer import TextTokenizer
 
@@ -42,7 +44,7 @@ def test_completion_through_a_p_to_d_hand_off_equals_single_instance_output(serv
     assert result.choices[0].finish_reason in ("length", "stop")
     assert result.usage.prompt_tokens == len(TextTokenizer.shipped().encode(PROMPT))
     assert 1 <= result.usage.completion_tokens <= 24
-    assert driver.metrics.counters["transfers"] >= 1
+    assert driver.metrics.total("pdserve:kv_handoffs") >= 1
 
 
 def test_streaming_chat_equals_non_streaming(server):
@@ -122,17 +124,17 @@ def test_overload_answers_429_with_retry_after(server):
 
 def test_disconnecting_client_cancels_its_request(server):
     base, driver = server
-    before = driver.metrics.counters["cancellations"]
+    before = driver.metrics.total("pdserve:cancellations")
     with httpx.stream("POST", f"{base}/v1/completions", timeout=30, json={
             "model": "tiny", "prompt": PROMPT, "max_tokens": 2000, "stream": True}) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 break  # one token received: hang up
     for _ in range(100):  # bounded: 10 s
-        if driver.metrics.counters["cancellations"] > before and not driver.live:
+        if driver.metrics.total("pdserve:cancellations") > before and not driver.live:
             break
         time.sleep(0.1)
-    assert driver.metrics.counters["cancellations"] > before
+    assert driver.metrics.total("pdserve:cancellations") > before
     assert not driver.live
 
 
@@ -143,10 +145,63 @@ def test_models_health_and_metrics(server):
     assert health["status"] == "ok" and health["alive"] == [0, 1]
     assert health["roles"] == ["prefill", "decode"]
     metrics = httpx.get(f"{base}/metrics").text
-    for name in ("pdserve_ttft_seconds_bucket", "pdserve_tpot_seconds_count",
-                 "pdserve_e2e_seconds_sum", "pdserve_transfers_total",
-                 'pdserve_pool_size{role="prefill"}', "pdserve_prefill_queue_len"):
-        assert name in metrics
+    for name in ("vllm:time_to_first_token_seconds_bucket",
+                 "vllm:request_time_per_output_token_seconds_count",
+                 "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_sum",
+                 "pdserve:kv_handoffs_total", "pdserve:prefill_queue_len"):
+        metric(metrics, name)
+    assert metric(metrics, "pdserve:pool_size", role="prefill") == 1
+
+
+GRAFANA = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "pdserve.json"
+
+
+def test_metrics_parse_match_the_library_and_cover_the_grafana_dashboard(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base, driver = server
+    assert httpx.post(f"{base}/v1/completions", timeout=120, json={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": 6}).status_code == 200
+    answer = httpx.get(f"{base}/metrics")
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    parsed = {family.name: family for family in text_string_to_metric_families(answer.text)}
+    # HELP and TYPE are the library's own for every family the server registers
+    library = {family.name: family for family in driver.metrics.registry.collect()}
+    assert parsed.keys() == library.keys()
+    for name, family in library.items():
+        assert (parsed[name].documentation, parsed[name].type) == (family.documentation,
+                                                                  family.type), name
+    samples = {sample.name for family in parsed.values() for sample in family.samples}
+    assert all(name.startswith(("vllm:", "pdserve:")) for name in samples)
+    # every name a Grafana panel queries is served (per-instance ones too: both are live)
+    queried = set(re.findall(r"(?:vllm|pdserve):[A-Za-z0-9_:]+", GRAFANA.read_text()))
+    assert len(queried) >= 20
+    assert queried <= samples, queried - samples
+    assert metric(answer.text, "vllm:num_requests_running", engine="1") >= 0
+    assert metric(answer.text, "pdserve:instance_role", engine="0", role="prefill") == 1
+
+
+def test_the_dashboard_page_and_its_state_show_the_cluster(server):
+    base, _ = server
+    assert httpx.post(f"{base}/v1/completions", timeout=120, json={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": 6}).status_code == 200
+    time.sleep(1.2)  # a monitor tick samples the instances (0.5 s)
+    page = httpx.get(f"{base}/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<script src="dashboard/plotly.min.js">' in page.text
+    assert '"state_url":"dashboard/state"' in page.text
+    for script in ("plotly.min.js", "page.js"):
+        answer = httpx.get(f"{base}/dashboard/{script}")
+        assert answer.status_code == 200 and "javascript" in answer.headers["content-type"]
+    state = httpx.get(f"{base}/dashboard/state", params={"window_s": 600}).json()
+    assert [(i["instance"], i["role"], i["state"]) for i in state["instances"]] == [
+        (0, "prefill", "up"), (1, "decode", "up")]
+    assert state["latency"]["window_s"] == 600 and state["latency"]["requests"] >= 1
+    assert state["latency"]["rows"][0]["metric"] == "TTFT"
+    assert {f["id"] for f in state["figures"]} >= {"roles", "load", "pools", "attainment"}
+    for bad in ("0", "-1", "x", "nan", "1e9"):
+        refused = httpx.get(f"{base}/dashboard/state", params={"window_s": bad})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "window_s"
 
 
 def test_bench_replays_a_trace_and_scores_it_like_the_simulator(server, tmp_path, capsys):
@@ -170,10 +225,12 @@ def test_api_key_is_required_when_configured():
     from fastapi.testclient import TestClient
 
     from pdserve.config import serve_defaults
+    from pdserve.live.server_metrics import ClusterGauges, ServerMetrics
     from pdserve.server.app import ServerSettings, create_app
 
     class NoDriver:  # the routes below never reach the driver
         tokenizer = TextTokenizer.shipped()
+        metrics = ServerMetrics("tiny", lambda: ClusterGauges([], [], [], 0))
 
     client = TestClient(create_app(NoDriver(), ServerSettings(  # no lifespan
         "tiny", 8192, 2048, serve_defaults().server.max_body_bytes, api_key="s3cret")))
@@ -185,6 +242,18 @@ def test_api_key_is_required_when_configured():
     assert wrong.status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).json()[
         "data"][0]["id"] == "tiny"
+    # the dashboard too: a bearer token, or a browser's Basic credentials with the key
+    for route in ("/dashboard", "/dashboard/state", "/dashboard/page.js",
+                  "/dashboard/plotly.min.js"):
+        refused = client.get(route)
+        assert refused.status_code == 401, route
+        assert refused.headers["www-authenticate"] == 'Basic realm="pdserve dashboard"'
+        assert client.get(route, auth=("any", "nope")).status_code == 401
+        assert client.get(route, headers={"Authorization": "Basic !!"}).status_code == 401
+    assert client.get("/dashboard/page.js", auth=("anyone", "s3cret")).status_code == 200
+    assert client.get("/dashboard/page.js",
+                      headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert "WWW-Authenticate" not in client.get("/v1/models").headers
 
 
 def test_stop_strings_cut_the_text_streaming_and_not(server):

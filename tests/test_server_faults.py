@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -18,7 +17,7 @@ from dataclasses import replace
 import httpx
 import pytest
 from engine_helpers import tiny_greedy_engine
-from server_helpers import running_server
+from server_helpers import metric, running_server
 from test_server import PROMPT, local_greedy
 
 from pdserve.engine.tokenizer import TextTokenizer
@@ -110,10 +109,9 @@ def test_a_request_that_breaks_the_engine_fails_alone_and_workers_stay_up(
         assert pids(driver) == before and driver.failed == set()
         assert complete(base, PROMPT).status_code == 200
         metrics = httpx.get(f"{base}/metrics").text
-        assert "pdserve_worker_failures_total 0" in metrics
-        failed = re.search(r'pdserve_requests_failed_total\{reason="invalid_request"\} (\d+)',
-                           metrics)
-        assert failed and int(failed.group(1)) >= 1  # the poison (the door may stop others)
+        assert metric(metrics, "pdserve:worker_failures_total") == 0
+        # the poison (the door may stop others)
+        assert metric(metrics, "pdserve:requests_failed_total", reason="invalid_request") >= 1
 
 
 @pytest.mark.slow
@@ -134,8 +132,8 @@ def test_a_request_that_crashes_its_worker_is_not_retried_and_the_worker_restart
         assert driver.workers.pid(crashed) != before[crashed]
         assert complete(base, PROMPT).status_code == 200
         metrics = httpx.get(f"{base}/metrics").text
-        assert 'pdserve_requests_failed_total{reason="worker_crash"} 1' in metrics
-        assert "pdserve_retries_total 0" in metrics
+        assert metric(metrics, "pdserve:requests_failed_total", reason="worker_crash") == 1
+        assert metric(metrics, "pdserve:retries_total") == 0
 
 
 def test_a_killed_worker_is_restarted_and_takes_requests_again(tmp_path):
@@ -154,8 +152,8 @@ def test_a_killed_worker_is_restarted_and_takes_requests_again(tmp_path):
         assert result.status_code == 200
         assert result.json()["choices"][0]["text"] == local_greedy(PROMPT, 12)
         metrics = httpx.get(f"{base}/metrics").text
-        assert "pdserve_worker_restarts_total 1" in metrics
-        assert 'pdserve_worker_up{instance="0",state="live"} 1.0' in metrics
+        assert metric(metrics, "pdserve:worker_restarts_total") == 1
+        assert metric(metrics, "pdserve:instance_state", engine="0", state="up") == 1
 
 
 def test_with_the_last_prefill_worker_dead_the_cluster_still_serves(tmp_path, monkeypatch):
@@ -166,17 +164,20 @@ def test_with_the_last_prefill_worker_dead_the_cluster_still_serves(tmp_path, mo
         assert complete(base, PROMPT, 8).status_code == 200
         wait_for(lambda: all(s.used_blocks == 0 for s in driver.view.instances), 10)
         text = httpx.get(f"{base}/metrics").text
-        assert 'pdserve_used_blocks{instance="0"} 0.0' in text  # freed after the hand-off
-        assert 'pdserve_kv_capacity_blocks{instance="0"} 512.0' in text
+        assert metric(text, "pdserve:kv_used_blocks", engine="0") == 0  # freed after hand-off
+        assert metric(text, "vllm:kv_cache_usage_perc", engine="0") == 0
+        assert metric(text, "pdserve:kv_capacity_blocks", engine="0") == 512
         families = {line.split()[2] for line in text.splitlines()
                     if line.startswith("# TYPE")}
         helped = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
         assert families == helped
-        assert "# TYPE pdserve_preemptions_total counter" in text
-        assert "pdserve_generation_tokens_total 8" in text
+        assert "# TYPE vllm:num_preemptions_total counter" in text
+        assert metric(text, "vllm:generation_tokens_total") == 8
         prompt_tokens = len(TextTokenizer.shipped().encode(PROMPT))
-        assert f"pdserve_prompt_tokens_total {prompt_tokens}" in text
-        assert 'pdserve_pool_size{role="prefill"} 1' in text
+        assert metric(text, "vllm:prompt_tokens_total") == prompt_tokens
+        assert metric(text, "pdserve:pool_size", role="prefill") == 1
+        assert metric(text, "pdserve:kv_handoffs_total") == 1
+        assert metric(text, "pdserve:kv_transfer_bytes_total", kind="handoff") > 0
 
         driver.workers.settings = replace(driver.workers.settings, max_restarts=0)
         kill_worker(driver, 0)
@@ -191,9 +192,11 @@ def test_with_the_last_prefill_worker_dead_the_cluster_still_serves(tmp_path, mo
         assert result.status_code == 200
         assert result.json()["choices"][0]["text"] == local_greedy(PROMPT, 16)
         metrics = httpx.get(f"{base}/metrics").text
-        assert 'pdserve_pool_size{role="prefill"} 0' in metrics  # live members only
-        assert 'pdserve_pool_size{role="mixed"} 1' in metrics
-        assert 'pdserve_worker_up{instance="0",state="dead"} 0.0' in metrics
+        assert metric(metrics, "pdserve:pool_size", role="prefill") == 0  # live members only
+        assert metric(metrics, "pdserve:pool_size", role="mixed") == 1
+        assert metric(metrics, "pdserve:instance_state", engine="0", state="dead") == 1
+        assert metric(metrics, "pdserve:instance_state", engine="0", state="up") == 0
+        assert metric(metrics, "pdserve:role_flips_total", role="mixed") == 1
     roles = read_role_log(tmp_path / "logs")  # the fidelity runs' per-role fit reads it
     assert [role for _, role in roles[1]] == [Role.DECODE, Role.MIXED]
     assert [role for _, role in roles[0]][0] is Role.PREFILL
@@ -242,7 +245,7 @@ def test_failover_under_concurrent_streams_loses_and_repeats_nothing(tmp_path, v
         assert [o["error"] for o in outs] == [None] * len(prompts)
         assert [o["text"] for o in outs] == reference
         assert all(o["completion_tokens"] <= max_tokens for o in outs)
-        assert driver.metrics.counters["retries"] >= 1
+        assert driver.metrics.total("pdserve:retries") >= 1
         if victim == "decode":  # its running decodes had streamed tokens: resumed, not redone
-            assert driver.metrics.counters["resumed_tokens"] >= 3
-        assert driver.metrics.counters["worker_failures"] == 1
+            assert driver.metrics.total("pdserve:resumed_tokens") >= 3
+        assert driver.metrics.total("pdserve:worker_failures") == 1

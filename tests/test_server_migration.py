@@ -7,7 +7,7 @@ import threading
 import time
 
 import httpx
-from server_helpers import running_server
+from server_helpers import metric, running_server
 from test_server import PROMPT, local_greedy
 from test_server_faults import stream_text
 
@@ -40,5 +40,6 @@ def test_migration_mid_stream_loses_and_duplicates_nothing(tmp_path):
         assert request.first_token_s < request.decode_first_token_s < request.finish_s
         assert request.last_token_s == request.finish_s and request.max_itl_s > 0
         metrics = httpx.get(f"{base}/metrics").text
-        assert "pdserve_migrations_total 1" in metrics
+        assert metric(metrics, "pdserve:migrations_total") == 1
+        assert metric(metrics, "pdserve:kv_transfer_bytes_total", kind="migration") > 0
         assert not driver._transfer_sources  # the source was told to free the KV

@@ -181,15 +181,15 @@ def test_huge_prompts_do_not_stall_other_streams(server):
 
 def test_a_non_streaming_client_that_leaves_cancels_its_request(server):
     base, driver, _ = server
-    before = driver.metrics.counters["cancellations"]
+    before = driver.metrics.total("pdserve:cancellations")
     with pytest.raises(httpx.TimeoutException):  # the client gives up after 1 s
         httpx.post(f"{base}{COMPLETIONS}", timeout=1.0, json={
             "model": "tiny", "prompt": "x", "max_tokens": 4000, "ignore_eos": True, "n": 2})
     for _ in range(100):  # bounded: 10 s
-        if driver.metrics.counters["cancellations"] >= before + 2 and not driver.live:
+        if driver.metrics.total("pdserve:cancellations") >= before + 2 and not driver.live:
             break
         time.sleep(0.1)
-    assert driver.metrics.counters["cancellations"] >= before + 2
+    assert driver.metrics.total("pdserve:cancellations") >= before + 2
     assert not driver.live
 
 

@@ -217,7 +217,7 @@ def test_a_grammar_constraint_in_lark(server):
 ])
 def test_an_invalid_or_second_constraint_is_a_400_at_the_door(server, fields, param, needle):
     base, driver = server
-    submitted = driver.metrics.counters.get("requests", 0)
+    submitted = driver.metrics.total("pdserve:requests")
     for route, body in (("/v1/completions", {"prompt": "x"}),
                         ("/v1/chat/completions", {"messages": ASK})):
         response = httpx.post(f"{base}{route}", timeout=30,
@@ -225,7 +225,7 @@ def test_an_invalid_or_second_constraint_is_a_400_at_the_door(server, fields, pa
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == param and needle in error["message"], error
-    assert driver.metrics.counters.get("requests", 0) == submitted  # no worker saw them
+    assert driver.metrics.total("pdserve:requests") == submitted  # no worker saw them
 
 
 def test_a_grammar_error_is_escaped_and_bounded(server):
@@ -272,8 +272,8 @@ def test_a_constrained_stream_resumes_exactly_after_its_decode_worker_dies(tmp_p
         os.kill(driver.workers.pid(decoder), signal.SIGKILL)
         thread.join(120)
         assert out["text"] == reference["text"]
-        assert driver.metrics.counters["retries"] == 1
-        assert driver.metrics.counters["resumed_tokens"] >= 8
+        assert driver.metrics.total("pdserve:retries") == 1
+        assert driver.metrics.total("pdserve:resumed_tokens") >= 8
         assert wait_until(lambda: driver.health()["status"] == "ok", 60)
 
 

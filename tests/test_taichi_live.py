@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import httpx
-from server_helpers import running_server
+from server_helpers import metric, running_server
 from test_server import local_greedy
 from test_server_faults import stream_text
 
@@ -32,8 +32,7 @@ def test_taichi_serves_with_flowing_decode_and_early_rejection(tmp_path):
         assert out["error"] is None
         assert out["text"] == local_greedy(PROMPT, 300)
         metrics = httpx.get(f"{base}/metrics").text
-        migrations = int(next(line.split()[1] for line in metrics.splitlines()
-                              if line.startswith("pdserve_migrations_total")))
+        migrations = metric(metrics, "pdserve:migrations_total")
         assert migrations >= 2  # degraded to P-heavy and flowed back at least once
         rebalancer = driver.scheduler.policy.rebalancer
         assert rebalancer.degradations >= 1 and rebalancer.backflows >= 1

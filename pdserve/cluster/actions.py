@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pdserve.cluster.history import ClusterHistory, DecisionKind
 from pdserve.cluster.sessions import HistorySource, history_source
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.types import Request, Role
@@ -144,10 +145,12 @@ class World(Protocol):
         """Stop an instance that holds no work."""
 
 
-def apply_actions(actions: Iterable[Action], world: World, roles: Sequence[Role]) -> None:
+def apply_actions(actions: Iterable[Action], world: World, roles: Sequence[Role],
+                  history: ClusterHistory | None = None, now_s: float = 0.0) -> None:
     """Carry out the scheduler's actions in order. `roles`: the instances' roles as the
     scheduler's board has them now (a dispatched session round's history decision needs
-    its instance's role)."""
+    its instance's role). `history`: where the decisions that change the cluster are
+    logged, at `now_s` on the world's clock (`cluster/history.py`)."""
     for action in actions:
         kind = type(action)
         if kind is DispatchPrefill:
@@ -157,19 +160,43 @@ def apply_actions(actions: Iterable[Action], world: World, roles: Sequence[Role]
                 if request.history_tokens > 0 else HistorySource.NONE)
         elif kind is DispatchDecode:
             world.dispatch_decode(action)  # type: ignore[arg-type]
-        elif kind is Reject:
-            world.reject(action)  # type: ignore[arg-type]
-        elif kind is SetRole:
-            world.set_role(action)  # type: ignore[arg-type]
         elif kind is SetChunkSize:
             world.set_chunk_size(action)  # type: ignore[arg-type]
-        elif kind is SetPhasePriority:
-            world.set_phase_priority(action)  # type: ignore[arg-type]
-        elif kind is Migrate:
-            world.migrate(action)  # type: ignore[arg-type]
-        elif kind is StartInstance:
-            world.start_instance(action)  # type: ignore[arg-type]
-        elif kind is StopInstance:
-            world.stop_instance(action)  # type: ignore[arg-type]
-        else:
-            raise ValueError(f"no world can apply {kind.__name__}")
+        else:  # a decision that changes the cluster: logged, then carried out
+            if history is not None:
+                _record(history, action, now_s)
+            if kind is Reject:
+                world.reject(action)  # type: ignore[arg-type]
+            elif kind is SetRole:
+                world.set_role(action)  # type: ignore[arg-type]
+            elif kind is SetPhasePriority:
+                world.set_phase_priority(action)  # type: ignore[arg-type]
+            elif kind is Migrate:
+                world.migrate(action)  # type: ignore[arg-type]
+            elif kind is StartInstance:
+                world.start_instance(action)  # type: ignore[arg-type]
+            elif kind is StopInstance:
+                world.stop_instance(action)  # type: ignore[arg-type]
+            else:
+                raise ValueError(f"no world can apply {kind.__name__}")
+
+
+def _record(history: ClusterHistory, action: Action, now_s: float) -> None:
+    """The one mapping of an action to its decision-log entry."""
+    if isinstance(action, SetRole):
+        history.record(now_s, DecisionKind.FLIP, action.instance_id, action.reason,
+                       role=action.role)
+    elif isinstance(action, Migrate):
+        history.record(now_s, DecisionKind.MIGRATE, action.source_id, action.reason,
+                       target_id=action.target_id, request_id=action.request.request_id)
+    elif isinstance(action, Reject):
+        history.record(now_s, DecisionKind.REJECT, action.request.prefill_instance,
+                       action.reason, request_id=action.request.request_id)
+    elif isinstance(action, StopInstance):
+        history.record(now_s, DecisionKind.STOP, action.instance_id, action.reason)
+    elif isinstance(action, StartInstance):
+        history.record(now_s, DecisionKind.START, action.instance_id, action.reason)
+    elif isinstance(action, SetPhasePriority):
+        history.record(now_s, DecisionKind.PRIORITY, action.instance_id,
+                       f"{action.priority.value} first: {action.reason}")
+    # anything else is not an action: apply_actions refuses it

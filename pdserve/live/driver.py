@@ -13,7 +13,9 @@ method per action, applied by the shared `apply_actions`) over worker processes,
 collaborators that own their own state and never import it back: `WorkerLifecycle`
 (workers started and stopped on request), `TokenStreams` (each token to its client),
 `LiveSessions` and `HistoryReads` (sessions and their history reads); `failover.py` holds
-the rules for a worker's death and `status.py` renders `/health` and `/metrics`.
+the rules for a worker's death, `status.py` renders `/health`, `server_metrics.py` owns the
+Prometheus metrics, and `cluster_history` (`cluster/history.py`) logs every decision with
+its reason and samples the instances at each tick for the dashboard.
 
 Faults (`failover.py` holds the rules): a request that fails on a worker fails alone
 (`WorkerError`). A worker that exits is reported to the scheduler (`InstanceFailed`), its
@@ -30,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from dataclasses import replace
 
 from pdserve.cluster.actions import (
@@ -52,10 +53,12 @@ from pdserve.cluster.events import (
     Event,
     Finished,
     InstanceFailed,
+    InstanceStarted,
     PerfModelChanged,
     PrefillDone,
     Tick,
 )
+from pdserve.cluster.history import ClusterHistory, DecisionKind
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.cluster.sessions import HistorySource
 from pdserve.engine.sampling import SamplingParams, TokenLogprob
@@ -71,7 +74,7 @@ from pdserve.live.lifecycle import WorkerLifecycle
 from pdserve.live.processes import WorkerProcesses, WorkerSettings
 from pdserve.live.ray_cluster import RaySettings
 from pdserve.live.requests import LiveRequest, Overloaded
-from pdserve.live.server_metrics import ServerMetrics
+from pdserve.live.server_metrics import ClusterGauges, ServerMetrics
 from pdserve.live.sessions import HistoryReads, LiveSessions
 from pdserve.live.status import GIVEN_PERF_MODEL, PROFILED, PerfModelState
 from pdserve.live.timeline import RequestTimeline
@@ -103,25 +106,35 @@ from pdserve.worker.messages import (
 
 __all__ = ["LiveDriver", "LiveRequest", "Overloaded"]
 log = logging.getLogger("pdserve.live")
+HISTORY_S = 900.0  # the load samples the dashboard can show reach this far back
+MAX_DECISIONS = 5000  # the newest entries of the decision log kept
+MAX_ENDED = 5000  # the newest ended requests kept for the latency window
 
 
 class LiveDriver:
     def __init__(self, policy: Policy, num_instances: int, tokenizer: TextTokenizer,
                  workers: WorkerSettings, monitor_interval_s: float, max_outstanding: int,
                  ray: RaySettings | None = None,
-                 perf_model: PerfModelState = GIVEN_PERF_MODEL) -> None:
+                 perf_model: PerfModelState = GIVEN_PERF_MODEL,
+                 model_name: str = "unnamed") -> None:
         """`monitor_interval_s` and `max_outstanding`: the config's (`monitor.interval_s`,
         `server.max_outstanding`); `ray`: host the workers in Ray actors
         (`live/ray_workers.py`) instead of local processes; nothing else changes.
         `perf_model`: what the model the policy and `workers` were built on is
-        (`provisional` until `use_perf_model` replaces it)."""
+        (`provisional` until `use_perf_model` replaces it); `model_name`: the served
+        model's name, the metrics' `model_name` label."""
         self.scheduler = GlobalScheduler(policy, num_instances)
+        self.started_s, self.started_wall_s = time.monotonic(), time.time()
+        # the decision log and the instances' load over time (the dashboard's); the tick
+        # interval's samples of the last 15 minutes at most
+        self.cluster_history = ClusterHistory(self.started_s, max_decisions=MAX_DECISIONS,
+                                      max_samples=max(1, int(HISTORY_S / monitor_interval_s)))
         self.perf_model = perf_model
         self._perf = workers.perf  # what the policy and the workers' queue orders read
         self.tokenizer = tokenizer
         self.monitor_interval_s = monitor_interval_s
         self.max_outstanding = max_outstanding
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(model_name, self._gauges)
         self.view = ClusterView(0.0, [])
         self.ledger = DispatchLedger()  # dispatches in flight to each worker
         self.live: dict[int, LiveRequest] = {}  # by current attempt id
@@ -129,7 +142,6 @@ class LiveDriver:
         self._migration_targets: dict[int, int] = {}  # detach asked: request -> target
         self._transfer_sources: dict[int, int] = {}  # KV copy in flight: request -> source
         self._executing: dict[int, frozenset[int]] = {}  # instance -> its running batch
-        self.role_changes: deque[status.RoleChangeRecord] = deque(maxlen=32)
         self.sessions = LiveSessions()  # X-Session-Id -> binding (AMPD sessions)
         self.history = HistoryReads(self.send, self.live.get)  # remote prefills' history
         # instance -> its engine's (prefill tokens computed, tokens reused from history)
@@ -142,7 +154,7 @@ class LiveDriver:
             self.workers = RayWorkers(workers, num_instances, ray)
         self.lifecycle = WorkerLifecycle(self.workers, self.metrics)
         self.timeline = RequestTimeline.from_env(self.scheduler.roles)  # fidelity runs only
-        self.streams = TokenStreams(self.metrics, self.timeline)
+        self.streams = TokenStreams(self.metrics, self.timeline, max_ended=MAX_ENDED)
         self._batch_end_s = 0.0  # of the StepDone whose tokens are being handled
         self._next_id = 0
         self._tick_task: asyncio.Task | None = None
@@ -203,9 +215,11 @@ class LiveDriver:
                session: str = "") -> LiveRequest:
         """Admit a request; `session` names its conversation (`live/sessions.py`)."""
         if len(self.live) >= self.max_outstanding:
-            self.metrics.count("rejections")
-            raise Overloaded(f"{len(self.live)} requests in flight (limit "
-                             f"{self.max_outstanding})")
+            self.metrics.add(self.metrics.rejections, 1, "max_outstanding")
+            message = f"{len(self.live)} requests in flight (limit {self.max_outstanding})"
+            self.cluster_history.record(time.monotonic(), DecisionKind.REJECT, -1,
+                                f"server overloaded: {message}")
+            raise Overloaded(message)
         self._next_id += 1
         if params.seed is None:  # a re-run (a new attempt id) must draw as this one does
             params = replace(params, seed=self._next_id)
@@ -219,7 +233,7 @@ class LiveDriver:
                                                  self.tokenizer.eos_token_ids),
                            client_id=self._next_id)
         self.live[request.request_id] = live
-        self.metrics.count("requests")
+        self.metrics.add(self.metrics.requests)
         self._handle(Arrival(request))
         return live
 
@@ -230,7 +244,7 @@ class LiveDriver:
             (x for x in self.live.values() if x.client_id == request_id), None)
         if live is None:
             return
-        self.metrics.count("cancellations")
+        self.metrics.add(self.metrics.cancellations)
         self._drop(live)
 
     def move_decode(self, request_id: int, target: int) -> None:
@@ -283,7 +297,8 @@ class LiveDriver:
         self._apply(self.scheduler.handle(event, self.view))
 
     def _apply(self, actions: list[Action]) -> None:
-        apply_actions(actions, self, self.scheduler.board.roles)
+        apply_actions(actions, self, self.scheduler.board.roles, self.cluster_history,
+                      time.monotonic())
 
     def serving(self, instance_id: int) -> bool:
         return instance_id not in self.workers.exited
@@ -316,16 +331,18 @@ class LiveDriver:
             live.request.decode_in_place()
             self.send(action.source_id, ContinueInPlace(action.request.request_id))
         else:
-            self.metrics.count("transfers")
-            self._move(pending, action.source_id, action.target_id)
+            self.metrics.add(self.metrics.handoffs)
+            self._move(pending, action.source_id, action.target_id, "handoff")
 
     def reject(self, action: Reject) -> None:
         live = self.live.get(action.request.request_id)
         if live is None:
             return
-        self.metrics.count("rejections")
         unavailable = not (self.scheduler.board.prefill_candidates
                            and self.scheduler.board.decode_candidates)
+        reason = "overloaded" if action.overloaded else (
+            "no_instance" if unavailable else "cannot_fit")
+        self.metrics.add(self.metrics.rejections, 1, reason)
         if action.overloaded:  # early rejection: retry later
             self._fail(live, action.reason, 429, "overloaded")
             live.error_type = "rate_limit_error"
@@ -334,9 +351,7 @@ class LiveDriver:
                        "no_instance" if unavailable else "invalid_request")
 
     def set_role(self, action: SetRole) -> None:
-        self.metrics.count("flips")
-        self.role_changes.append((time.time(), action.instance_id, action.role.value,
-                                  action.reason))
+        self.metrics.add(self.metrics.flips, 1, action.role.value)
         if self.timeline is not None:
             self.timeline.role(action.instance_id, action.role, time.monotonic())
         log.info("instance %d -> %s: %s", action.instance_id, action.role.value, action.reason)
@@ -366,8 +381,11 @@ class LiveDriver:
     def start_instance(self, action: StartInstance) -> None:
         self.lifecycle.start(action.instance_id, action.reason)
 
-    def _move(self, handoff: KVHandoff, source: int, target: int) -> None:
-        """Send a sequence's hand-off to `target`; `source` frees it once it is copied."""
+    def _move(self, handoff: KVHandoff, source: int, target: int, kind: str) -> None:
+        """Send a sequence's hand-off to `target`; `source` frees it once it is copied.
+        `kind`: a "handoff" (prefill to decode) or a "migration" (the transfer metrics')."""
+        self.metrics.add(self.metrics.transfer_bytes,
+                         len(handoff.blocks) * self.workers.settings.kv_block_bytes, kind)
         self._transfer_sources[handoff.request_id] = source
         live = self.live.get(handoff.request_id)
         self.send(target, AdoptKV(handoff, live.request.session_id if live else -1))
@@ -439,17 +457,20 @@ class LiveDriver:
         elif target < 0 or target in self.workers.exited:  # the target died: stay here
             self.send(message.instance_id, ContinueInPlace(message.request_id))
         else:
-            self.metrics.count("migrations")
+            self.metrics.add(self.metrics.migrations)
             live.request.decode_instance = target
-            self._move(message.handoff, message.instance_id, target)
+            self._move(message.handoff, message.instance_id, target, "migration")
 
     # ---- worker exits and starts ----
     def _on_exit(self, instance: int, exit_code: int | None) -> None:
         """A worker exited (called once per exit by `WorkerProcesses`): the scheduler
         hears it, its requests are re-run or failed by `failover.verdict`."""
-        self.metrics.count("worker_failures")
+        self.metrics.add(self.metrics.worker_failures)
         log.error("worker %d exited (code %s); %s", instance, exit_code,
                   self.workers.states[instance].value)
+        self.cluster_history.record(time.monotonic(), DecisionKind.FAILED, instance,
+                            f"worker exited (code {exit_code}); "
+                            f"{self.workers.states[instance].value}")
         self.lifecycle.exited(instance)
         batch = self._executing.pop(instance, frozenset())
         total_blocks = self.view.instances[instance].total_blocks
@@ -473,8 +494,8 @@ class LiveDriver:
         request = next_attempt(live.request, self._next_id, len(live.token_ids))
         live.request, live.retries = request, live.retries + 1
         self.live[request.request_id] = live
-        self.metrics.count("retries")
-        self.metrics.count("resumed_tokens", len(live.token_ids))
+        self.metrics.add(self.metrics.retries)
+        self.metrics.add(self.metrics.resumed_tokens, len(live.token_ids))
         self._handle(Arrival(request))
 
     def _on_ready(self, instance: int, stats: InstanceStats, pool_name: str) -> None:
@@ -482,19 +503,31 @@ class LiveDriver:
         self.set_load(instance, stats)
         if self._perf is not self.workers.settings.perf:  # it started on an older model
             self.send(instance, SetPerfModel(self._perf))  # type: ignore[arg-type]
-        self._handle(self.lifecycle.ready(instance))
+        event = self.lifecycle.ready(instance)
+        self.cluster_history.record(time.monotonic(), DecisionKind.STARTED if isinstance(
+            event, InstanceStarted) else DecisionKind.RECOVERED, instance,
+            f"worker up (pid {self.workers.pid(instance)})")
+        self._handle(event)
 
     # ---- ticks ----
     async def _ticks(self) -> None:
         while True:
             await asyncio.sleep(self.monitor_interval_s)
             self._handle(Tick())
+            self.cluster_history.sample(time.monotonic(), self.view.instances,  # type: ignore[arg-type]
+                                self.scheduler.roles, status.instance_states(self.workers))
 
     # ---- status ----
+    @property
+    def role_changes(self) -> list[status.RoleChangeRecord]:
+        """The flips of the decision log, with wall-clock times."""
+        return [(self.started_wall_s + d.time_s, d.instance_id, d.role.value, d.reason)
+                for d in self.cluster_history.role_changes() if d.role is not None]
+
     def health(self) -> dict[str, object]:
         return status.health(self.scheduler.board, self.workers, len(self.live),
                              self.role_changes, self.perf_model)
 
-    def metrics_text(self) -> str:
-        return self.metrics.render(status.metric_families(
-            self.scheduler.board, self.workers, self.view.instances, len(self.live)))
+    def _gauges(self) -> ClusterGauges:
+        return ClusterGauges(self.scheduler.roles, status.instance_states(self.workers),
+                             self.view.instances, len(self.live), self.workers.placements())

@@ -29,13 +29,13 @@ class WorkerLifecycle:
 
     def stop(self, instance_id: int, reason: str) -> None:
         log.info("instance %d: stopping its worker: %s", instance_id, reason)
-        self.metrics.count("workers_stopped")
+        self.metrics.add(self.metrics.instance_stops)
         self._starting.discard(instance_id)
         self.workers.stop_worker(instance_id)
 
     def start(self, instance_id: int, reason: str) -> None:
         log.info("instance %d: starting its worker: %s", instance_id, reason)
-        self.metrics.count("workers_started")
+        self.metrics.add(self.metrics.instance_starts)
         self._starting.add(instance_id)
         self.workers.start_worker(instance_id)
 
@@ -45,7 +45,7 @@ class WorkerLifecycle:
             self._starting.discard(instance_id)
             log.info("worker %d started (pid %d)", instance_id, self.workers.pid(instance_id))
             return InstanceStarted(instance_id)
-        self.metrics.count("worker_restarts")
+        self.metrics.add(self.metrics.worker_restarts)
         log.warning("worker %d restarted (pid %d)", instance_id, self.workers.pid(instance_id))
         return InstanceRecovered(instance_id)
 

@@ -57,11 +57,17 @@ class WorkerSettings:
     perf: PerfModel | None = None  # for orders that read prefill estimates (AMPD's Alg. 2)
     decode_forecast: ForecastSettings | None = None  # the policy's (ARES); None: none kept
     device: EngineDevice | None = None  # the engine's device and dtype (None: CPU float32)
+    kv_block_bytes: int = 0  # bytes of one KV block (the transfer metrics'; 0: not counted)
     start_timeout_s: float = 120.0
     max_restarts: int = 5  # per worker within restart_window_s; 0 disables restarts
     restart_window_s: float = 600.0
     restart_backoff_s: float = 0.5
     restart_backoff_max_s: float = 8.0
+
+
+class StartupError(RuntimeError):
+    """A start-up that cannot go on, for a reason its message states in full (the server
+    logs it as one line, not a traceback)."""
 
 
 class WorkerState(enum.Enum):
@@ -70,6 +76,15 @@ class WorkerState(enum.Enum):
     RESTARTING = "restarting"  # exited; a new process is due or starting
     DEAD = "dead"  # out of restarts
     STOPPED = "stopped"  # stopped on the scheduler's request (elastic scaling), no process
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """Where an instance's worker runs, for workers hosted on a cluster (`--ray`)."""
+
+    node_id: str = ""  # the node of its live worker ("": none live)
+    node_ip: str = ""
+    waiting_for_resources: str = ""  # why its (re)start cannot be placed yet; "": it is not
 
 
 ExitHandler = Callable[[int, int | None], None]  # instance, exit code
@@ -141,25 +156,49 @@ class WorkerProcesses:
         self._on_message, self._on_exit, self._on_ready = on_message, on_exit, on_ready
         s = self.settings
         running = [i for i in range(self.count) if i not in stopped]
-        for i in running:
-            self._spawn(i)
-        deadline = time.monotonic() + s.start_timeout_s
         stats = [InstanceStats.empty(i, s.kv_blocks) for i in range(self.count)]
-        for i in running:
-            pipe = self._pipes[i]
-            if not await asyncio.to_thread(pipe.poll, max(0, deadline - time.monotonic())):
-                await self.stop()
-                raise RuntimeError(f"worker {i} did not start within {s.start_timeout_s:.0f}s")
-            message = pipe.recv()
-            assert isinstance(message, WorkerReady)
-            stats[i] = message.stats
-            self._pool_names[i] = message.pool_name
+        try:  # whatever ends the start (a worker that fails, a signal): stop what started
+            for i in running:
+                self._spawn(i)
+            deadline = time.monotonic() + s.start_timeout_s
+            for i in running:
+                pipe = self._pipes[i]
+                if not await self._ready_within(pipe, deadline - time.monotonic()):
+                    raise StartupError(f"worker {i} did not start within "
+                                       f"{s.start_timeout_s:.0f}s")
+                try:
+                    message = pipe.recv()
+                except (EOFError, OSError) as err:
+                    raise StartupError(f"worker {i} ended before it was ready: "
+                                       f"{err or 'its pipe closed'}") from err
+                assert isinstance(message, WorkerReady)
+                stats[i] = message.stats
+                self._pool_names[i] = message.pool_name
+        except BaseException:
+            await asyncio.shield(self.stop())
+            raise
         for i in range(self.count):
             if i in running:
                 self._watch(i)
             else:
                 self.states[i] = WorkerState.STOPPED
         return stats
+
+    async def _ready_within(self, pipe, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
+        """Whether the worker's first message arrives within `timeout_s`, waited for on
+        the event loop (so a cancelled start-up stops waiting at once)."""
+        assert self._loop is not None
+        if pipe.poll():
+            return True
+        arrived = self._loop.create_future()
+        self._loop.add_reader(pipe.fileno(), lambda: arrived.done() or arrived.set_result(True))
+        try:
+            await asyncio.wait_for(arrived, max(0.0, timeout_s))
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._loop.remove_reader(pipe.fileno())
 
     def _watch(self, instance: int) -> None:
         assert self._loop is not None
@@ -303,6 +342,10 @@ class WorkerProcesses:
         except OSError:
             self._exited(instance)
 
+    def placements(self) -> list[WorkerPlacement]:
+        """Each instance's placement on a cluster; none for processes on this host."""
+        return []
+
     def pid(self, instance: int) -> int:
         """The worker's process id; 0 for one never started."""
         process = self._processes[instance]
@@ -323,9 +366,12 @@ class WorkerProcesses:
                 self._loop.remove_reader(self._processes[i].sentinel)
             with contextlib.suppress(OSError, ValueError):  # a dead worker's pipe is closed
                 pipe.send(Shutdown())
-        for process in self._processes:
+        for i, process in enumerate(self._processes):
             if process is None:
                 continue
-            await asyncio.to_thread(process.join, 10)
+            if self.states[i] not in (WorkerState.STARTING, WorkerState.RESTARTING):
+                # (a worker still starting reads no command: it is killed at once)
+                await asyncio.to_thread(process.join, 10)
             if process.is_alive():
                 process.kill()
+                await asyncio.to_thread(process.join, 1)

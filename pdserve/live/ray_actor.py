@@ -3,8 +3,9 @@
 `WorkerHost.serve` builds the same `Worker` a local process runs (model, engine, local
 scheduler), starts a `KVServer` over its pool, connects back to the driver
 (`ray_channel.ActorChannel`), says hello and runs `Worker.serve`: the worker loop is
-unchanged. The actor allows a few concurrent calls, so while `serve` runs its peers can ask
-where its KV is (`kv_endpoint`) and read runs of it through the object store (`read_run`).
+unchanged. A `HostWatch` ends the actor's process when its raylet or its driver is gone.
+The actor allows a few concurrent calls, so while `serve` runs its peers can ask where its
+KV is (`kv_endpoint`) and read runs of it through the object store (`read_run`).
 
 `RayHostedWorker` differs from `Worker` in one place, how it maps a sender's pool (the
 `map_peer_pool` it gives the worker, `_map_peer_pool`): the pool is named after the sender's
@@ -26,6 +27,7 @@ from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.transfer import attach_pool
 from pdserve.live.processes import WorkerSettings
 from pdserve.live.ray_channel import ActorHello
+from pdserve.live.ray_host_watch import HostWatch
 from pdserve.live.ray_kv import READ_TIMEOUT_S, KVServer, object_store_pool, read_run, tcp_pool
 from pdserve.worker.worker import Worker
 
@@ -67,6 +69,21 @@ class WorkerHost:
         self._ready = threading.Event()
 
     def serve(self, address: tuple[str, int], authkey: bytes) -> None:
+        """Build the worker, connect to the driver and run the loop. The process ends
+        itself (`HostWatch`) when its raylet dies or the driver's connection breaks."""
+        watch = HostWatch.from_env()
+        if watch is not None:
+            watch.start()
+        try:
+            self._serve(address, authkey, watch)
+        except (EOFError, OSError) as err:
+            if watch is not None:
+                watch.end(f"the connection to its driver broke "
+                          f"({type(err).__name__}: {err})")
+            raise
+
+    def _serve(self, address: tuple[str, int], authkey: bytes,
+               watch: HostWatch | None) -> None:
         s = self.settings
         self.worker = RayHostedWorker(
             self.instance, s.model, s.seed, s.kv_blocks, s.chunk_size_tokens,
@@ -75,6 +92,8 @@ class WorkerHost:
             pool_name=self.pool_name,
             device=s.device,
             namespace=self.namespace, kv_transport=self.kv_transport, authkey=authkey)
+        if watch is not None:
+            watch.pool_name = self.pool_name
         node_ip = ray.util.get_node_ip_address()
         self.kv = KVServer(self.worker.engine.pool, node_ip, authkey)
         self._ready.set()

@@ -10,10 +10,15 @@ actor sends is an `ActorHello` (its PID and node), then the worker's `WorkerRead
 
 `ActorProcess` is the process: its `sentinel` is a pipe that turns readable when the
 actor's long-running `serve` call ends, and its `exitcode` says how: 0 a clean stop,
-`-SIGKILL` killed from outside (`ray.kill`, by us or anyone, or its node left), and
-`ACTOR_CRASH_EXIT_CODE` when it died by itself or its loop raised. Ray does not report a
-dead worker process's exit code, so a death by itself is blamed as a crash (the batch it ran
-fails, never retried: `live/failover.py`), the conservative reading.
+`-SIGKILL` killed from outside (`ray.kill`, by us or anyone, or its node left or became
+unreachable), and `ACTOR_CRASH_EXIT_CODE` when it died by itself or its loop raised. Ray
+does not report a dead worker process's exit code, so a death by itself is blamed as a
+crash (the batch it ran fails, never retried: `live/failover.py`), the conservative
+reading. Ray says a node is dead only after missing its heartbeats for many seconds, so
+the driver does not wait for that: when the channel breaks and Ray has not said how the
+actor ended within a short grace (a death by itself is reported within it), the actor is
+presumed lost with its node (`presume_lost`, as `-SIGKILL`: its requests are re-run). The
+channel's TCP keepalive breaks it within `KEEPALIVE_S` of a peer that vanished silently.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 
 ACTOR_CRASH_EXIT_CODE = 1
 HANDSHAKE_TIMEOUT_S = 10.0
+KEEPALIVE_S = (5, 2, 3)  # idle seconds, seconds between probes, probes: ~11 s to break
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class ActorChannel:
             peer.close()
             raise EOFError(self.death)
         receive_timeout(peer, HANDSHAKE_TIMEOUT_S)  # a blocking fd that gives up
+        keep_alive(peer)
         conn = Connection(os.dup(peer.fileno()))
         try:
             deliver_challenge(conn, self._authkey)
@@ -133,6 +140,16 @@ def receive_timeout(sock: socket.socket, seconds: float) -> None:
                     struct.pack("ll", whole, int((seconds - whole) * 1e6)))
 
 
+def keep_alive(sock: socket.socket) -> None:
+    """TCP keepalive probes (`KEEPALIVE_S`), so a silent peer breaks the connection."""
+    idle, interval, count = KEEPALIVE_S
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval),
+                          ("TCP_KEEPCNT", count)):
+        if hasattr(socket, option):  # Linux; elsewhere the system's defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 def authenticate(sock: socket.socket, authkey: bytes, serving: bool) -> None:
     """`multiprocessing.connection`'s mutual challenge over a plain socket (a blocking one;
     raises `AuthenticationError` or `OSError`), which then carries the caller's protocol."""
@@ -153,7 +170,8 @@ def exit_code_of(error: BaseException | None, killed_here: bool) -> int:
     if error is None:
         return 0
     text = str(error)
-    if killed_here or "killed by `ray.kill`" in text or "node has died" in text:
+    if (killed_here or "killed by `ray.kill`" in text or "node has died" in text
+            or type(error).__name__ == "ActorUnavailableError"):  # unreachable, not dead
         return -signal.SIGKILL
     return ACTOR_CRASH_EXIT_CODE
 
@@ -169,6 +187,7 @@ class ActorProcess:
         self.cause = ""
         self._killed = False
         self._done = threading.Event()
+        self._ending = threading.Lock()  # Ray's thread (`_ended`) or `presume_lost`
         self.sentinel, self._wake_fd = os.pipe()
         serve_ref.future().add_done_callback(self._ended)
 
@@ -180,13 +199,28 @@ class ActorProcess:
     def node_id(self) -> str:
         return self.channel.hello.node_id if self.channel.hello is not None else ""
 
+    @property
+    def node_ip(self) -> str:
+        return self.channel.hello.node_ip if self.channel.hello is not None else ""
+
     def _ended(self, future: Future) -> None:
         error = future.exception()
-        self.exitcode = exit_code_of(error, self._killed)
-        self.cause = "" if error is None else str(error).strip().splitlines()[-1]
-        # no Ray calls here (Ray's own thread runs this callback): an actor whose loop
-        # raised is still alive, and whoever reads the sentinel kills it (`kill`)
-        self._done.set()
+        self._end(exit_code_of(error, self._killed),
+                  "" if error is None else str(error).strip().splitlines()[-1])
+
+    def presume_lost(self, cause: str) -> None:
+        """Its channel broke and Ray has not said how it ended: take it as lost from
+        outside (its node gone or cut off). Ray's later word changes nothing."""
+        self._end(-signal.SIGKILL, cause)
+
+    def _end(self, exitcode: int, cause: str) -> None:
+        with self._ending:
+            if self._done.is_set():
+                return
+            self.exitcode, self.cause = exitcode, cause
+            # no Ray calls here (Ray's own thread may run this): an actor whose loop
+            # raised is still alive, and whoever reads the sentinel kills it (`kill`)
+            self._done.set()
         with contextlib.suppress(OSError):
             os.write(self._wake_fd, b"x")
         self.channel.wake(f"the worker's actor ended before it was ready: {self.cause}")

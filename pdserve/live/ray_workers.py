@@ -5,18 +5,21 @@ each start of an instance creates one Ray actor (`ray_actor.WorkerHost`, named a
 pool, with `cpus_per_worker` CPUs and the instance's custom resource if any, else spread
 over the nodes) and starts its `serve` call; its pipe is an `ActorChannel` and its process
 an `ActorProcess` (`ray_channel.py`). So an actor that dies is reported by the supervisor as
-a local worker's exit is, once Ray reports its end and how it ended (a broken channel alone
-is not an exit): the driver raises `InstanceFailed` and re-runs or fails its requests, and
-the instance is restarted as a new actor with the same back-off and budget
+a local worker's exit is, once Ray reports its end and how it ended, or `LOST_GRACE_S` after
+its channel broke if Ray has not (presumed lost with its node: Ray declares a node dead only
+after many seconds): the driver raises `InstanceFailed` and re-runs or fails its requests,
+and the instance is restarted as a new actor with the same back-off and budget
 (`InstanceRecovered` when it is ready). A node that leaves ends its actors' `serve` calls
 (`-SIGKILL`: from outside); their restarts wait for resources at most `start_timeout_s`
-each, within the restart budget, so nothing waits forever.
+each, within the restart budget, so nothing waits forever, and `PendingPlacements` says
+which wait for resources (`placements`: each worker's node too, for `/health`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 from collections.abc import Callable, Collection
@@ -27,16 +30,21 @@ from pdserve.instance.stats import InstanceStats
 from pdserve.live.processes import (
     ExitHandler,
     ReadyHandler,
+    WorkerPlacement,
     WorkerProcesses,
     WorkerSettings,
     WorkerState,
 )
 from pdserve.live.ray_actor import ACTOR_CONCURRENCY, WorkerHost
 from pdserve.live.ray_channel import ActorChannel, ActorProcess
-from pdserve.live.ray_cluster import RaySession, RaySettings
+from pdserve.live.ray_cluster import RaySettings
+from pdserve.live.ray_placement import PendingPlacements
+from pdserve.live.ray_session import RaySession
 from pdserve.worker.messages import Command
 
 ENV_PREFIXES = ("PDSERVE_", "HF_", "TORCH_")  # the driver's settings the workers follow
+LOST_GRACE_S = 3.0  # a broken channel, then no word from Ray this long: presumed lost
+log = logging.getLogger("pdserve.live")
 
 
 class RayWorkers(WorkerProcesses):
@@ -53,13 +61,33 @@ class RayWorkers(WorkerProcesses):
         self._actor_class = ray.remote(WorkerHost)
         device = settings.device
         self._gpus = 0.0 if device is None or device.on_cpu else ray_settings.gpus_per_worker
+        self.pending = PendingPlacements(self._demand)
+        self._pending_watch: asyncio.Task | None = None
 
     async def start(self, on_message: Callable[[object], None], on_exit: ExitHandler,
                     on_ready: ReadyHandler, stopped: Collection[int] = ()
                     ) -> list[InstanceStats]:
-        await asyncio.to_thread(self.session.open)
+        await self.session.open()
         self._host_ip = self.session.node_ip
+        self._pending_watch = asyncio.create_task(self.pending.watch(self._unconnected))
         return await super().start(on_message, on_exit, on_ready, stopped)
+
+    def _demand(self, instance: int) -> dict[str, float]:
+        """What one instance's actor needs of a node."""
+        return {"CPU": self.ray.cpus_per_worker, **({"GPU": self._gpus} if self._gpus else {}),
+                **self.ray.resources_of(instance)}
+
+    def _unconnected(self) -> dict[int, str]:
+        """Instances whose current actor is starting and has not connected: its id."""
+        return {i: process.actor._actor_id.hex() for i, process in enumerate(self._processes)
+                if process is not None and process.pid is None and process.is_alive()}
+
+    def placements(self) -> list[WorkerPlacement]:
+        return [WorkerPlacement(
+            process.node_id if live else "", process.node_ip if live else "",
+            self.pending.waiting.get(i, ""))
+            for i, process in enumerate(self._processes)
+            for live in [process is not None and self.states[i] is WorkerState.LIVE]]
 
     def _spawn(self, instance: int) -> None:
         previous = self._processes[instance]
@@ -83,15 +111,27 @@ class RayWorkers(WorkerProcesses):
         self._pipes[instance] = channel
 
     def _drain(self, instance: int) -> None:
-        """As for a process, but a broken channel is not the exit: Ray reports the actor's
-        end (the sentinel), with how it ended, which decides the blame."""
+        """As for a process, but a broken channel is not the exit yet: Ray reports the
+        actor's end (the sentinel) with how it ended, which decides the blame; if it has
+        not within `LOST_GRACE_S`, the actor is presumed lost with its node."""
         pipe = self._pipes[instance]
         try:
             while pipe.poll():
                 self._on_message(pipe.recv())
         except (EOFError, OSError):
             assert self._loop is not None
-            self._loop.remove_reader(pipe.fileno())
+            with contextlib.suppress(OSError, ValueError):
+                self._loop.remove_reader(pipe.fileno())
+            self._loop.call_later(LOST_GRACE_S, self._presume_lost, instance,
+                                  self._processes[instance])
+
+    def _presume_lost(self, instance: int, process: ActorProcess) -> None:
+        if self._processes[instance] is process and process.is_alive() and not self._stopping:
+            node = process.node_ip or "its node"
+            log.warning("worker %d: its connection broke and Ray has not said how its actor "
+                        "ended within %.0f s: presumed lost with %s (%s)", instance,
+                        LOST_GRACE_S, node, process.node_id[:12])
+            process.presume_lost(f"its connection broke; presumed lost with {node}")
 
     def send(self, instance: int, command: Command) -> None:
         if self.states[instance] is WorkerState.LIVE and not self._stopping:
@@ -113,6 +153,8 @@ class RayWorkers(WorkerProcesses):
         return self._processes[instance].actor
 
     async def stop(self) -> None:
+        if self._pending_watch is not None:
+            self._pending_watch.cancel()
         for process in self._processes:  # not connected (e.g. waiting for a node): no
             if process is not None and process.pid is None and process.is_alive():
                 process.kill()  # Shutdown reaches it, so do not wait for it

@@ -30,6 +30,7 @@ class LiveRequest:
     finish_reason: str = ""
     error_status: int = 0  # HTTP status of a failure: 400 its content, 500/503 the server's
     error_type: str = ""  # OpenAI error type: invalid_request_error, server_error, ...
+    last_token_s: float | None = None  # when its last token was streamed (the ITL metric's)
 
     @property
     def tokens_sent(self) -> int:

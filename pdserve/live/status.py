@@ -1,22 +1,22 @@
-"""What the live driver tells operators: `/health`'s body and the `/metrics` families.
+"""What the live driver tells operators: `/health`'s body, and each instance's state as the
+dashboard and the metrics (`server_metrics.py`) name it.
 
 Health is honest: "ok" (HTTP 200) only while some live instance takes prefills and some
 takes decodes, i.e. while a request can be served; otherwise "unavailable" (503). The body
 names live, restarting and dead workers, their roles and PIDs, recent role changes with
-their reasons, and which performance model the policies read (`PerfModelState`). Metrics
-count live pool members only, and per-instance families cover live workers (a dead
-worker's last snapshot is not reported as current).
+their reasons, and which performance model the policies read (`PerfModelState`); for
+workers on a Ray cluster, each live one's node and which (re)starts wait for resources
+(`placement`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pdserve.cluster.history import InstanceState
 from pdserve.cluster.roles import RoleBoard
-from pdserve.instance.stats import InstanceLoad
 from pdserve.live.processes import WorkerProcesses, WorkerState
-from pdserve.live.server_metrics import Family
 
 RoleChangeRecord = tuple[float, int, str, str]  # wall time, instance, role, reason
 PROVISIONAL, PROFILED = "provisional", "profiled"
@@ -63,48 +63,30 @@ def health(board: RoleBoard, workers: WorkerProcesses, requests_in_flight: int,
         "perf_model": perf_model.state,
         "perf_model_origin": perf_model.origin,
         **({"perf_model_error": perf_model.error} if perf_model.error else {}),
+        **placement(workers),
     }
 
 
-def metric_families(board: RoleBoard, workers: WorkerProcesses,
-                    instances: Sequence[InstanceLoad], requests_in_flight: int) -> list[Family]:
-    states = workers.states
-    live = [s for s in instances if states[s.instance_id] is WorkerState.LIVE]
+def instance_states(workers: WorkerProcesses) -> list[InstanceState]:
+    """Each instance's state as the dashboard and the metrics name it (a worker still
+    starting counts as restarting: it cannot serve yet)."""
+    return [_STATES[state] for state in workers.states]
 
-    def per_instance(name: str, kind: str, help_text: str, attribute: str) -> Family:
-        return Family(name, kind, help_text, [
-            ({"instance": str(s.instance_id)}, float(getattr(s, attribute))) for s in live])
 
-    families = [
-        Family("requests_in_flight", "gauge", "Requests admitted and not yet ended.",
-               [({}, float(requests_in_flight))]),
-        per_instance("prefill_queue_len", "gauge",
-                     "Requests waiting for or in prefill, per live instance.",
-                     "prefill_queue_len"),
-        per_instance("decode_queue_len", "gauge",
-                     "Decodes waiting for their KV or a batch slot, per live instance.",
-                     "decode_queue_len"),
-        per_instance("running_decodes", "gauge", "Sequences decoding, per live instance.",
-                     "running_decodes"),
-        per_instance("used_blocks", "gauge", "KV blocks in use, per live instance.",
-                     "used_blocks"),
-        per_instance("kv_capacity_blocks", "gauge",
-                     "KV blocks of the pool (16 tokens each), per live instance.",
-                     "total_blocks"),
-        Family("kv_usage_ratio", "gauge", "Fraction of KV blocks in use, per live instance.",
-               [({"instance": str(s.instance_id)}, s.used_blocks / s.total_blocks
-                 if s.total_blocks else 0.0) for s in live]),
-        per_instance("preemptions_total", "counter",
-                     "Sequences preempted (KV dropped, recomputed later), per live instance "
-                     "since its worker started.", "preemptions_total"),
-        Family("pool_size", "gauge", "Live instances in each role.",
-               [({"role": role.value}, float(len(members)))
-                for role, members in board.pools.items()]),
-        Family("worker_up", "gauge", "1 if the instance's worker is live, else 0.",
-               [({"instance": str(i), "state": state.value},
-                 1.0 if state is WorkerState.LIVE else 0.0) for i, state in enumerate(states)]),
-        Family("workers_failed", "gauge", "Workers not serving now (restarting or dead).",
-               [({}, float(sum(s in (WorkerState.RESTARTING, WorkerState.DEAD)
-                                for s in states)))]),
-    ]
-    return families
+def placement(workers: WorkerProcesses) -> dict[str, object]:
+    """Workers on a Ray cluster: each live worker's node, and the instances whose start
+    waits for resources, with why (none for local worker processes)."""
+    placements = workers.placements()
+    if not placements:
+        return {}
+    return {
+        "nodes": {str(i): {"node_id": p.node_id, "node_ip": p.node_ip}
+                  for i, p in enumerate(placements) if p.node_id},
+        "waiting_for_resources": {str(i): p.waiting_for_resources
+                                  for i, p in enumerate(placements) if p.waiting_for_resources},
+    }
+
+
+_STATES = {WorkerState.LIVE: InstanceState.UP, WorkerState.STARTING: InstanceState.RESTARTING,
+           WorkerState.RESTARTING: InstanceState.RESTARTING, WorkerState.DEAD: InstanceState.DEAD,
+           WorkerState.STOPPED: InstanceState.STOPPED}

@@ -4,7 +4,8 @@ metrics, and the end of the request: finished with its reason, or failed with an
 client sees.
 
 `TokenStreams` is the client side only: it writes the `LiveRequest` the HTTP handler reads
-(its events queue, tokens, finish reason, error) and the server metrics. What an end means
+(its events queue, tokens, finish reason, error), the server metrics, and the newest ended
+requests (`ended`: what the dashboard's latency window reads). What an end means
 for the cluster (the worker told to stop, the session rebound, the scheduler's `Finished`)
 is the live driver's, which calls it.
 """
@@ -12,17 +13,23 @@ is the live driver's, which calls it.
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 
 from pdserve.engine.sampling import TokenLogprob
 from pdserve.live.requests import LiveRequest
 from pdserve.live.server_metrics import ServerMetrics
 from pdserve.live.timeline import RequestTimeline
+from pdserve.types import Request
 
 
 class TokenStreams:
-    def __init__(self, metrics: ServerMetrics, timeline: RequestTimeline | None) -> None:
+    def __init__(self, metrics: ServerMetrics, timeline: RequestTimeline | None,
+                 max_ended: int) -> None:
         self.metrics = metrics
         self.timeline = timeline  # fidelity runs only
+        # (when, request) of the newest finished or failed requests, in order
+        self.ended: deque[tuple[float, Request]] = deque(maxlen=max_ended)
 
     def push(self, live: LiveRequest, instance: int, token: int, reason: str,
              logprob: TokenLogprob | None, now: float, batch_end_s: float) -> bool:
@@ -30,16 +37,20 @@ class TokenStreams:
         a stop string this stream saw, or max_tokens)."""
         request = live.request
         request.generated_tokens += 1
+        metrics = self.metrics
+        if live.last_token_s is not None:
+            metrics.observe(metrics.itl, now - live.last_token_s)
+        live.last_token_s = now
         if math.isnan(request.first_token_s):
             request.first_token_s = now
-            self.metrics.ttft.observe(now - request.arrival_s)
-            self.metrics.count("prompt_tokens", len(live.prompt_ids))
+            metrics.observe(metrics.ttft, now - request.arrival_s)
+            metrics.add(metrics.prompt_tokens, len(live.prompt_ids))
             if self.timeline is not None:
                 self.timeline.first_token(live.client_id, request.arrival_s, batch_end_s, now)
         if instance == request.decode_instance:
             request.record_decode_tokens(now, now)
         live.token_ids.append(token)
-        self.metrics.count("generation_tokens")
+        metrics.add(metrics.generation_tokens)
         if logprob is not None:  # before the token's text (which may be held back)
             live.events.put_nowait(("logprob", logprob))
         delta = live.stream.push(token)
@@ -58,10 +69,12 @@ class TokenStreams:
             live.events.put_nowait(("text", tail))
         request.finish_s = now
         live.finish_reason = reason
-        self.metrics.e2e.observe(now - request.arrival_s)
+        metrics = self.metrics
+        metrics.observe(metrics.e2e, now - request.arrival_s)
         if live.tokens_sent > 1:
-            self.metrics.tpot.observe((now - request.first_token_s) / (live.tokens_sent - 1))
-        self.metrics.count("completions")
+            metrics.observe(metrics.tpot, (now - request.first_token_s) / (live.tokens_sent - 1))
+        metrics.add(metrics.successes, 1, reason)
+        self._ended(live, now)
         live.events.put_nowait(("done", reason))
 
     def fail(self, live: LiveRequest, message: str, http_status: int, reason: str) -> None:
@@ -69,5 +82,9 @@ class TokenStreams:
         live.request.rejected_reason = message
         live.error_status = http_status
         live.error_type = "invalid_request_error" if http_status < 500 else "server_error"
-        self.metrics.count_failure(reason)
+        self.metrics.add(self.metrics.failures, 1, reason)
+        self._ended(live, time.monotonic())
         live.events.put_nowait(("error", message))
+
+    def _ended(self, live: LiveRequest, now: float) -> None:
+        self.ended.append((now, live.request))

@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -190,4 +192,37 @@ def run_plan(args: argparse.Namespace) -> int:
               f"{time.perf_counter() - started:.1f}s:")
         for rank, (deployment, attainment) in enumerate(checked[:args.top], 1):
             print(f"  {rank}. {deployment.describe()}  SLO attainment {attainment:.1%}")
+    if args.out:
+        write_outputs(args.out, inputs, deployments, dict(checked) if args.verify > 0 else {})
     return 0
+
+
+def write_outputs(out: Path, inputs: PlanInputs, deployments: Sequence[Deployment],
+                  attained: dict[Deployment, float]) -> None:
+    """summary.json (the ILP's deployments, with their simulated attainment when verified)
+    and report.html: each deployment's two phases' normalised p95 latency, their Pareto
+    front (the ILP minimises the worse of the two), the table."""
+    from pdserve.metrics.report_page import write_plan
+    from pdserve.metrics.views import pareto_figure, table
+
+    labels = [d.describe() for d in deployments]
+    document = {"planner": "ampd", "inputs": {
+        "model": inputs.model, "gpu": inputs.gpu, "gpus": inputs.gpus,
+        "workload": inputs.workload, "rate_sps": inputs.rate_sps,
+        "ttft_slo_s": inputs.slo.ttft_s, "itl_slo_s": inputs.slo.tpot_s},
+        "deployments": [{**asdict(d), "gpus_used": d.gpus, "describe": d.describe(),
+                         **({"slo_attainment": attained[d]} if d in attained else {})}
+                        for d in deployments]}
+    write_plan(out, "pdserve plan: AMPD deployments", f"{inputs.model} on {inputs.gpus} "
+               f"{inputs.gpu} GPUs, {inputs.workload} at {inputs.rate_sps:g} sessions/s",
+               document, pareto_figure(
+                   "deployments: each phase's p95 latency / its SLO (lower is better; "
+                   "colour: Z)", labels, [d.tau_prefill for d in deployments],
+                   [d.tau_decode for d in deployments], "prefill p95 / TTFT SLO",
+                   "decode p95 / ITL SLO", [d.z for d in deployments], "Z"),
+               table("the ILP's deployments, best Z first", [
+                   "rank", "deployment", "GPUs", "Z", "prefill tau", "decode tau",
+                   "simulated attainment"], [
+                   [rank, d.describe(), d.gpus, d.z, d.tau_prefill, d.tau_decode,
+                    attained.get(d, float("nan"))] for rank, d in enumerate(deployments, 1)]),
+               [("deployments", str(len(deployments)))])

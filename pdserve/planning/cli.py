@@ -84,6 +84,8 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     shared.add_argument("--top", type=int, help="results to print [taichi: 5, ampd: 3]")
     shared.add_argument("--processes", type=int, default=2,
                         help="simulations in parallel [2]")
+    shared.add_argument("--out", type=Path, help="write summary.json (every candidate) and "
+                        "report.html (their Pareto plot and table) here")
     tc = p.add_argument_group("taichi")
     add_flags(tc, TAICHI_FLAGS, Config())
     cluster = Config().cluster

@@ -14,10 +14,12 @@ performance model once; whatever is not done by the time limit is skipped and re
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from pdserve.config import Config
 from pdserve.config_flags import config_from_args
@@ -176,4 +178,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"best: --policy taichi --prefill {max(1, best.p_heavy)} --decode "
               f"{best.d_heavy - (best.p_heavy == 0)} --taichi-chunk-p {best.chunk_p_tokens} "
               f"--taichi-chunk-d {best.chunk_d_tokens}")
+    if args.out:
+        write_outputs(args.out, base, results)
     return 0 if results else 1
+
+
+def write_outputs(out: Path, base: Config, results: Sequence[PlanResult]) -> None:
+    """summary.json (every setting's result) and report.html: each setting's TTFT and TPOT
+    p90 against its SLO at its own goodput rate, the Pareto front of the two, the table."""
+    from pdserve.metrics.report_page import write_plan
+    from pdserve.metrics.views import pareto_figure, table
+
+    slo = base.slo
+    labels = [r.point.label for r in results]
+    document = {"config": base.to_dict(), "planner": "taichi", "results": [
+        {**asdict(r.point), "label": r.point.label, "mode": r.point.mode,
+         "goodput_rps": r.goodput_rps, "attainment": r.attainment,
+         "ttft_p90_s": None if math.isnan(r.ttft_p90_s) else r.ttft_p90_s,
+         "tpot_p90_s": None if math.isnan(r.tpot_p90_s) else r.tpot_p90_s} for r in results]}
+    write_plan(out, "pdserve plan: taichi sliders", f"{base.perf.model} on {base.perf.gpu}; "
+               f"SLO TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s:g} s; each setting at its own "
+               f"goodput rate", document, pareto_figure(
+                   "TaiChi settings: latency against the SLOs at their goodput (lower is "
+                   "better; colour: goodput)", labels, [r.ttft_p90_s / slo.ttft_s for r in results],
+                   [r.tpot_p90_s / slo.tpot_s for r in results], "TTFT p90 / SLO",
+                   "TPOT p90 / SLO", [r.goodput_rps for r in results], "goodput req/s"),
+               table("every setting, best goodput first", ["rank", "setting", "mode",
+                     "goodput req/s", "attainment", "TTFT p90 s", "TPOT p90 s"],
+                     [[rank, r.point.label, r.point.mode, r.goodput_rps, r.attainment,
+                       r.ttft_p90_s, r.tpot_p90_s] for rank, r in enumerate(results, 1)]),
+               [("settings", str(len(results))),
+                ("best goodput", f"{results[0].goodput_rps:.2f} req/s" if results else "-")])

@@ -3,7 +3,9 @@
 /v1/completions and /v1/chat/completions (server-sent events when `stream`), /v1/models and
 /v1/models/{id} (`created`: when the server started), vLLM's /tokenize and /detokenize
 (`tokenization.py`), /version, /ping (GET and POST: 200 while a worker can serve, else
-503), /health (200/503 from the driver's status), /metrics (Prometheus text).
+503), /health (200/503 from the driver's status), /metrics (Prometheus text, through
+prometheus_client: `live/server_metrics.py`), /dashboard (the live cluster in a browser:
+`dashboard.py`).
 Bodies are read under a size limit and parsed, validated and tokenised in a worker thread
 (`prepare.py`), so one huge or malformed request cannot stall other streams; every error is
 an OpenAI-style JSON body (`errors.py`); unknown body fields are counted and logged within
@@ -11,15 +13,21 @@ bounds (`unknown_fields.py`). `/openapi.json` documents every route's request an
 (`openapi.py`) while the routes parse bodies strictly themselves (400s, never 422).
 
 The API key, when set, guards every route that takes a body or names the model: /v1/*,
-/tokenize and /detokenize. /health, /ping, /version and /metrics stay open, as vLLM leaves
-them (its key middleware only guards paths under /v1): load balancers and scrapers probe
-them without credentials, and they reveal nothing a request could not. vLLM leaves /tokenize
-and /detokenize open too; pdserve guards them, because they take a body and cost CPU.
+/tokenize and /detokenize, and the dashboard (/dashboard and its state and scripts: it
+shows requests' fates and the scheduler's reasons). A browser cannot send a bearer token
+when it opens a page, so the dashboard also takes HTTP Basic credentials whose password is
+the key (any user name): its 401 asks the browser for them. /health, /ping, /version and
+/metrics stay open, as vLLM leaves them (its key middleware only guards paths under /v1):
+load balancers and scrapers probe them without credentials, and they reveal nothing a
+request could not. vLLM leaves /tokenize and /detokenize open too; pdserve guards them,
+because they take a body and cost CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hmac
 import logging
@@ -31,14 +39,30 @@ from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 
+from pdserve.config import serve_defaults
 from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.structured_output import GrammarCompiler
 from pdserve.live.driver import LiveDriver, LiveRequest, Overloaded
-from pdserve.live.server_metrics import Family
+from pdserve.live.processes import StartupError
+from pdserve.live.server_metrics import CONTENT_TYPE
+from pdserve.metrics.report_page import ReportUnavailable
 from pdserve.server import openapi
 from pdserve.server.body import read_body
+from pdserve.server.dashboard import (
+    DEFAULT_WINDOW_S,
+    MAX_WINDOW_S,
+    DashboardView,
+    page_js,
+    plotly_script,
+)
 from pdserve.server.errors import APIError, install_error_handlers
 from pdserve.server.logprobs import LogprobFormatter
 from pdserve.server.openapi import request_body, responses
@@ -47,13 +71,14 @@ from pdserve.server.responses import Choice
 from pdserve.server.responses import Response as Reply
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
 from pdserve.server.sessions import session_key
+from pdserve.server.startup import interruptible, quiet_traceback
 from pdserve.server.tokenization import DetokenizeRequest, detokenize, tokenize
 from pdserve.server.unknown_fields import UnknownFields
 from pdserve.server.validation import Limits
+from pdserve.types import SLO
 
 log = logging.getLogger("pdserve.server")
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is there
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def package_version() -> str:
@@ -72,6 +97,7 @@ class ServerSettings:
     api_key: str | None = None
     chat_template: ChatTemplate = field(default_factory=ChatTemplate)
     url: str = ""  # where it listens, for the start-up log line
+    slo: SLO = field(default_factory=lambda: serve_defaults().slo.targets())  # dashboard's
 
 
 def create_app(driver: LiveDriver, settings: ServerSettings,
@@ -93,7 +119,12 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         started = time.monotonic()
         log.info("starting %d workers", driver.workers.count)
-        await driver.start()
+        try:
+            await interruptible(driver.start())
+        except StartupError as err:
+            log.error("start-up failed: %s", err)
+            quiet_traceback(err)
+            raise
         roles = ", ".join(f"{i}: {role.value} (pid {driver.workers.pid(i) or 'not started'})"
                           for i, role in enumerate(driver.scheduler.roles))
         log.info("workers up in %.1fs: %s", time.monotonic() - started, roles)
@@ -109,6 +140,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
     app = FastAPI(title="pdserve", version=version, lifespan=lifespan)
     app.state.driver = driver
     app.state.unknown_fields = unknown
+    driver.metrics.count_ignored_fields(lambda: unknown.counts().total)
     install_error_handlers(app)
 
     def contract() -> dict[str, Any]:
@@ -118,11 +150,25 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
 
     app.openapi = contract  # type: ignore[method-assign]
 
-    def check_key(request: Request) -> None:
-        if settings.api_key and not hmac.compare_digest(
-                request.headers.get("authorization", "").encode(),
-                f"Bearer {settings.api_key}".encode()):
-            raise APIError(401, "invalid or missing API key", kind="authentication_error")
+    def check_key(request: Request, browser: bool = False) -> None:
+        """The API key as a bearer token; `browser`: or as the password of HTTP Basic
+        credentials, which a 401 asks the browser for."""
+        key = settings.api_key
+        if not key:
+            return
+        given = request.headers.get("authorization", "")
+        if hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            return
+        if browser and given[:6].lower() == "basic ":
+            try:
+                password = base64.b64decode(given[6:], validate=True).partition(b":")[2]
+            except (binascii.Error, ValueError):
+                password = b""
+            if hmac.compare_digest(password, key.encode()):
+                return
+        raise APIError(401, "invalid or missing API key", kind="authentication_error",
+                       headers={"WWW-Authenticate": 'Basic realm="pdserve dashboard"'}
+                       if browser else None)
 
     def admit(prepared: Prepared, chat: bool, session: str = "") -> list[Choice]:
         choices: list[Choice] = []
@@ -204,13 +250,51 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=responses(
         media_type="text/plain", ok_description="Prometheus text exposition format"))
-    async def metrics() -> PlainTextResponse:
-        counts = unknown.counts()
-        own = Family("ignored_request_fields_total", "counter",
-                     "Unknown request-body fields ignored (every occurrence).",
-                     [({}, counts.total)])
-        text = driver.metrics_text().rstrip("\n") + "\n" + "\n".join(own.render()) + "\n"
-        return PlainTextResponse(text, media_type=PROMETHEUS_TEXT)
+    async def metrics() -> Response:
+        return Response(driver.metrics.text(), media_type=CONTENT_TYPE)
+
+    dashboard = DashboardView(driver, name, settings.slo)
+
+    def dashboard_script(read: Callable[[], str]) -> Response:
+        try:
+            return Response(read(), media_type="text/javascript",
+                            headers={"Cache-Control": "max-age=3600"})
+        except ReportUnavailable as err:
+            raise APIError(503, f"{err}; the dashboard needs it", kind="server_error") from err
+
+    @app.get("/dashboard", response_class=HTMLResponse, responses=responses(
+        401, media_type="text/html", ok_description="the live dashboard (HTML)"))
+    async def dashboard_page(request: Request) -> HTMLResponse:
+        check_key(request, browser=True)
+        page = await asyncio.to_thread(dashboard.page, dashboard.snapshot())
+        return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+
+    @app.get("/dashboard/state", response_model=None, responses=responses(
+        400, 401, ok_description="what the dashboard shows now (metrics/views.py)"))
+    async def dashboard_state(request: Request, window_s: str = "") -> Response:
+        check_key(request, browser=True)
+        try:
+            window = float(window_s) if window_s else DEFAULT_WINDOW_S
+        except ValueError:
+            window = -1.0
+        if not 0 < window <= MAX_WINDOW_S:
+            raise APIError(400, f"window_s must be a number of seconds in (0, "
+                           f"{MAX_WINDOW_S:g}], got {window_s!r}", "window_s")
+        body = await asyncio.to_thread(dashboard.state_json, dashboard.snapshot(), window)
+        return Response(body, media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
+    @app.get("/dashboard/plotly.min.js", response_class=Response, responses=responses(
+        401, 503, media_type="text/javascript", ok_description="plotly.js"))
+    async def dashboard_plotly(request: Request) -> Response:
+        check_key(request, browser=True)
+        return dashboard_script(plotly_script)
+
+    @app.get("/dashboard/page.js", response_class=Response, responses=responses(
+        401, media_type="text/javascript", ok_description="the page script"))
+    async def dashboard_page_js(request: Request) -> Response:
+        check_key(request, browser=True)
+        return dashboard_script(page_js)
 
     @app.post("/v1/completions", response_model=None,
               responses=responses(400, 401, 404, 413, 429, 500, 503,

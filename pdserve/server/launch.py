@@ -142,11 +142,13 @@ def build_app(config: Config, measure: Measure = background_start_up_profile) ->
         engine.weights, config.seed, kv_blocks, instance.chunk_size_tokens,
         instance.max_batch_size, policy.phase_priority.value, instance.prefix_block_tokens,
         queue_order=policy.queue_order, perf=perf, decode_forecast=policy.decode_forecast,
-        device=where), config.monitor.interval_s, server.max_outstanding, ray, state)
+        device=where, kv_block_bytes=KV_BLOCK_TOKENS * served.config.kv_elements_per_token
+        * where.element_bytes), config.monitor.interval_s, server.max_outstanding, ray, state,
+        model_name=server.served_model_name or served.name)
     background = [] if state.state == PROFILED else [BackgroundProfile(
         partial(measure, engine.weights, weights_identity, kv_blocks), driver.use_perf_model,
         driver.perf_model_failed).run]
     return create_app(driver, ServerSettings(
         server.served_model_name or served.name, context, served.config.vocab_size,
         server.max_body_bytes, server.api_key or None, template,
-        f"http://{server.host}:{server.port}"), background=background)
+        f"http://{server.host}:{server.port}", config.slo.targets()), background=background)

@@ -5,8 +5,8 @@ and drops its prefix cache, as a stopped worker's memory is gone. `start` return
 instance will serve, `SimSettings.instance_startup_s` later (a worker loading its weights
 and warming up); the simulator then calls `started` and tells the scheduler
 (`InstanceStarted`). `instance_s_total` is the instance-seconds the cluster ran, the cost
-elastic scaling saves; `scaling_events` lists every stop, start and started as (time,
-instance, what, reason).
+elastic scaling saves. The decision log (`cluster/history.py`) records every stop, start
+and started.
 
 `InstanceLifecycle` owns the stopped set and the time accounting; the simulator owns the
 clock and the event heap and asks it.
@@ -28,12 +28,10 @@ class InstanceLifecycle:
         self.stopped: set[int] = set()
         self._running_since_s = [0.0] * len(instances)
         self._instance_s = 0.0  # instance-seconds of instances since stopped
-        self.scaling_events: list[tuple[float, int, str, str]] = []
 
-    def stop(self, instance_id: int, reason: str, now_s: float) -> None:
+    def stop(self, instance_id: int, now_s: float) -> None:
         if instance_id in self.stopped:
             return
-        self.scaling_events.append((now_s, instance_id, "stop", reason))
         self.stopped.add(instance_id)
         self._instance_s += now_s - self._running_since_s[instance_id]
         instance = self.instances[instance_id]
@@ -43,11 +41,10 @@ class InstanceLifecycle:
             if instance.blocks is not None:
                 instance.blocks.sync_cache()
 
-    def start(self, instance_id: int, reason: str, now_s: float) -> float | None:
+    def start(self, instance_id: int, now_s: float) -> float | None:
         """When a stopped instance will serve (None: it is not stopped)."""
         if instance_id not in self.stopped:
             return None
-        self.scaling_events.append((now_s, instance_id, "start", reason))
         return now_s + self.startup_s
 
     def started(self, instance_id: int, now_s: float) -> bool:
@@ -55,7 +52,6 @@ class InstanceLifecycle:
         if instance_id not in self.stopped:
             return False
         self.stopped.discard(instance_id)
-        self.scaling_events.append((now_s, instance_id, "started", ""))
         self._running_since_s[instance_id] = now_s
         return True
 

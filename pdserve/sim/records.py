@@ -1,32 +1,14 @@
 """Plain data of a simulated run: its settings (`SimSettings`) and what it produced
-(`SimResult`: every request, monitor samples, role changes, transfer calls, session
-statistics)."""
+(`SimResult`: every request, monitor samples and the decision log (`cluster/history.py`),
+transfer calls, session statistics)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdserve.cluster.history import Decision, DecisionKind, LoadSample
 from pdserve.sim.blocks import TRANSFER_MODES
 from pdserve.types import KV_BLOCK_TOKENS, Request, Role
-
-
-@dataclass
-class LoadSample:
-    """Per-instance load at one monitor tick."""
-
-    time_s: float
-    running_tokens: list[int]
-    prefill_queue_tokens: list[int]
-    memory_fraction: list[float]
-    roles: list[Role]
-
-
-@dataclass(frozen=True)
-class RoleChange:
-    time_s: float
-    instance_id: int
-    role: Role
-    reason: str = ""  # the policy rule that decided it (`SetRole.reason`)
 
 
 @dataclass
@@ -43,7 +25,7 @@ class SessionStats:
 class SimResult:
     requests: list[Request]
     samples: list[LoadSample] = field(default_factory=list)
-    role_changes: list[RoleChange] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)  # the decision log, in order
     end_s: float = 0.0
     events: int = 0
     initial_roles: list[Role] = field(default_factory=list)
@@ -51,9 +33,18 @@ class SimResult:
     prefix_hit_tokens: int = 0  # prompt tokens the instances' prefix caches saved computing
     sessions: SessionStats = field(default_factory=SessionStats)
     instance_s_total: float = 0.0  # instance-seconds run (stopped instances not counted)
-    # elastic scaling: (time, instance, "stop" | "start" | "started", reason)
-    scaling_events: list[tuple[float, int, str, str]] = field(default_factory=list)
     migrations: int = 0  # decode-to-decode moves that left their source (rebalancers)
+
+    @property
+    def role_changes(self) -> list[Decision]:
+        """The flips of the decision log (`time_s`, `instance_id`, `role`, `reason`)."""
+        return [d for d in self.decisions if d.kind is DecisionKind.FLIP]
+
+    @property
+    def scaling_events(self) -> list[tuple[float, int, str, str]]:
+        """Elastic scaling: (time, instance, "stop" | "start" | "started", reason)."""
+        return [(d.time_s, d.instance_id, d.kind.value, d.reason) for d in self.decisions
+                if d.kind in _SCALING]
 
     @property
     def flips(self) -> int:
@@ -68,6 +59,7 @@ class SimResult:
         return count
 
 
+_SCALING = frozenset({DecisionKind.STOP, DecisionKind.START, DecisionKind.STARTED})
 MAX_SPAN_STEPS = 1 << 20  # steps a simulated batch may span between events (1: step by step)
 
 

@@ -56,6 +56,7 @@ from pdserve.cluster.events import (
     PrefillDone,
     Tick,
 )
+from pdserve.cluster.history import ClusterHistory, DecisionKind, InstanceState
 from pdserve.cluster.scheduler import GlobalScheduler
 from pdserve.cluster.sessions import HistorySource
 from pdserve.cluster.topology import Topology
@@ -70,7 +71,7 @@ from pdserve.sim.instance import SimInstance
 from pdserve.sim.kv_transfers import LINK_EVENT, KVTransfers
 from pdserve.sim.lifecycle import INSTANCE_STARTED, InstanceLifecycle
 from pdserve.sim.links import LinkSimulator
-from pdserve.sim.records import LoadSample, RoleChange, SimResult, SimSettings
+from pdserve.sim.records import SimResult, SimSettings
 from pdserve.sim.sessions import SimSessions
 from pdserve.types import KV_BLOCK_TOKENS, Request, record_decode_tokens
 
@@ -132,12 +133,11 @@ class Simulator:
         self._heap: list[tuple[float, int, int, object, int]] = []
         self._seq = 0
         self._kicked: list[SimInstance] = []
-        self._role_changes: list[RoleChange] = []
+        self.cluster_history = ClusterHistory()  # the decision log and the monitor's samples
         self._outstanding = 0  # arrived and not yet finished or rejected
         self._completed = 0
         self._arrivals_pending = False
         self._stalled_ticks = 0
-        self.samples: list[LoadSample] = []
         self.transfers = KVTransfers(self.instances, self.perfs, LinkSimulator(self.topology),
                                      self.settings, self._clock, self._push, self._touch)
         self.lifecycle = InstanceLifecycle(self.instances, self.settings.instance_startup_s)
@@ -173,7 +173,8 @@ class Simulator:
 
     # ---- the scheduler's actions (`World`) ----
     def _apply(self, actions: list[Action]) -> None:
-        apply_actions(actions, self, self.scheduler.board.roles)
+        apply_actions(actions, self, self.scheduler.board.roles, self.cluster_history,
+                      self.view.now_s)
 
     def serving(self, instance_id: int) -> bool:
         return instance_id not in self.lifecycle.stopped
@@ -208,8 +209,7 @@ class Simulator:
             self._completed += self.sessions.on_reject(action.request, action.reason)
 
     def set_role(self, action: SetRole) -> None:
-        self._role_changes.append(RoleChange(self.view.now_s, action.instance_id, action.role,
-                                             action.reason))
+        pass  # the scheduler's board has the role; `apply_actions` logged the decision
 
     def set_chunk_size(self, action: SetChunkSize) -> None:
         instance = self.instances[action.instance_id]
@@ -225,10 +225,10 @@ class Simulator:
         self.transfers.migrate(action)
 
     def stop_instance(self, action: StopInstance) -> None:
-        self.lifecycle.stop(action.instance_id, action.reason, self.view.now_s)
+        self.lifecycle.stop(action.instance_id, self.view.now_s)
 
     def start_instance(self, action: StartInstance) -> None:
-        due_s = self.lifecycle.start(action.instance_id, action.reason, self.view.now_s)
+        due_s = self.lifecycle.start(action.instance_id, self.view.now_s)
         if due_s is not None:
             self._push(due_s, _INSTANCE_STARTED, action.instance_id)
 
@@ -290,15 +290,16 @@ class Simulator:
 
     def _on_instance_started(self, instance_id: int) -> None:
         if self.lifecycle.started(instance_id, self.view.now_s):
+            self.cluster_history.record(self.view.now_s, DecisionKind.STARTED, instance_id,
+                                "its start-up time passed")
             self._apply(self.scheduler.handle(InstanceStarted(instance_id), self.view))
 
     def _on_tick(self) -> None:
         self._apply(self.scheduler.handle(Tick(), self.view))
-        self.samples.append(LoadSample(
-            self.view.now_s, [i.running_tokens for i in self.instances],
-            [i.prefill_queue_tokens for i in self.instances],
-            [i.used_blocks / i.total_blocks for i in self.instances],
-            list(self.scheduler.roles)))
+        stopped = self.lifecycle.stopped
+        self.cluster_history.sample(self.view.now_s, self.instances, self.scheduler.roles,
+                            [InstanceState.STOPPED if i in stopped else InstanceState.UP
+                             for i in range(len(self.instances))])
         if self._outstanding > 0 or self._arrivals_pending or self.sessions.rounds.pending:
             self._push(self.view.now_s + self.settings.monitor_interval_s, _TICK, None)
 
@@ -312,7 +313,7 @@ class Simulator:
     def run(self, requests: list[Request],
             on_progress: Callable[[int], None] | None = None) -> SimResult:
         """Simulate `requests` (sorted by arrival) to completion."""
-        self.samples = []
+        self.cluster_history.samples.clear()
         view, heap = self.view, self._heap
         arrivals = iter(self.sessions.load(requests))
         next_arrival = next(arrivals, None)
@@ -359,7 +360,8 @@ class Simulator:
             on_progress(self._completed)
         hits = sum(i.local.prefix_cache.hit_tokens_total for i in self.instances
                    if i.local.prefix_cache is not None)
-        return SimResult(requests, self.samples, self._role_changes, view.now_s, events,
-                         self._initial_roles, self.transfers.calls, hits, self.sessions.stats,
-                         self.lifecycle.instance_s_total(view.now_s),
-                         self.lifecycle.scaling_events, self.transfers.migrated)
+        history = self.cluster_history
+        return SimResult(requests, list(history.samples), list(history.decisions),
+                         view.now_s, events, self._initial_roles, self.transfers.calls, hits,
+                         self.sessions.stats, self.lifecycle.instance_s_total(view.now_s),
+                         self.transfers.migrated)

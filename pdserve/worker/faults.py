@@ -6,13 +6,16 @@ pass raises `RuntimeError` for any batch that computes token `<id>` (a prompt ho
 fails its prefill chunk), the way a request that trips an engine bug would; with
 `PDSERVE_FAULT_EXIT_TOKEN=<id>` the worker process exits at once (`os._exit(70)`), the
 way a crash in native code would; with `PDSERVE_FAULT_START_EXIT_INSTANCE=<id>` that
-instance's worker exits before it reports ready (a worker that cannot start). Tests use them
-to check that such a request fails alone and that its worker survives, or is restarted.
+instance's worker exits before it reports ready (a worker that cannot start), and with
+`PDSERVE_FAULT_START_DELAY_S=<s>` every worker waits that long before it reports ready (a
+slow start, to stop the server during it). Tests use them to check that such a request
+fails alone and that its worker survives, or is restarted.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from pdserve.engine.engine import Engine
@@ -21,6 +24,7 @@ from pdserve.engine.model import ForwardBatch
 RAISE_TOKEN_ENV = "PDSERVE_FAULT_RAISE_TOKEN"
 EXIT_TOKEN_ENV = "PDSERVE_FAULT_EXIT_TOKEN"
 START_EXIT_ENV = "PDSERVE_FAULT_START_EXIT_INSTANCE"
+START_DELAY_ENV = "PDSERVE_FAULT_START_DELAY_S"
 CRASH_EXIT_CODE = 70
 
 
@@ -45,6 +49,8 @@ class FaultyModel:
 def exit_at_start_from_env(instance_id: int) -> None:
     if os.environ.get(START_EXIT_ENV) == str(instance_id):
         os._exit(CRASH_EXIT_CODE)
+    if os.environ.get(START_DELAY_ENV):
+        time.sleep(float(os.environ[START_DELAY_ENV]))
 
 
 def install_from_env(engine: Engine) -> None:
