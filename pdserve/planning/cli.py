@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.config import Config
-from pdserve.config_flags import Flag, add_flags, shown_default
+from pdserve.config_flags import PERF_SOURCE_FLAGS, Flag, add_flags, shown_default
 from pdserve.planning import ampd, taichi
 
 PLANNERS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -79,6 +79,7 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", required=True, choices=list(PLANNERS))
     shared = p.add_argument_group("shared (each planner has its own defaults)")
     add_flags(shared, [per_planner(flag) for flag in SHARED_FLAGS], Config())
+    add_flags(shared, PERF_SOURCE_FLAGS, Config())  # the same default for both planners
     shared.add_argument("--config", type=Path, help="YAML file of the config tree (the "
                         "workload, model, SLOs); options override it")
     shared.add_argument("--top", type=int, help="results to print [taichi: 5, ampd: 3]")
