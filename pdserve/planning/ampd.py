@@ -77,7 +77,8 @@ def idealised(perf: PerfModel) -> PerfModel:
                      per_seq_s=perf.decode.per_seq_s * 1e-3,
                      per_context_token_s=perf.decode.per_context_token_s * 1e-3,
                      batch1_extra_s=perf.decode.batch1_extra_s * 1e-3,
-                     per_seq_above_knee_s=perf.decode.per_seq_above_knee_s * 1e-3)
+                     per_seq_above_knee_s=perf.decode.per_seq_above_knee_s * 1e-3,
+                     per_seq_squared_s=perf.decode.per_seq_squared_s * 1e-3)
     return replace(perf, name=f"{perf.name} (idealised)", prefill=prefill, decode=decode,
                    kv_capacity_tokens=1 << 30)
 
