@@ -84,6 +84,23 @@ def test_candidates_use_every_gpu_at_each_degree_the_model_fits():
     assert len(static) == 20
 
 
+def test_taichis_aggregation_points_share_the_colocated_runs():
+    colocated = {c.values for c in enumerate_candidates(SEARCH_SPACES["colocated"], 4, [1, 2])}
+    taichi = enumerate_candidates(SEARCH_SPACES["taichi"], 4, [1, 2])
+    twins = [c for c in taichi if c.simulates_as]
+    assert twins and all(c.simulates_as in colocated for c in twins)
+    assert all(c.deployment.groups[0].prefill and c.deployment.groups[0].decode
+               and len(c.deployment.groups) == 1 for c in twins)
+    [twin] = [c for c in twins if c.settings["perf.tp"] == 1
+              and c.settings["policy.taichi.chunk_p_tokens"] == 1024]
+    base = PREFILL_HEAVY.with_values({"workload.synthetic_requests": 60})
+    ours = summarize(Experiment.from_config(twin.config(base)).simulate().requests,
+                     SLO(2.0, 0.012))
+    theirs = summarize(Experiment.from_config(base.with_values(dict(twin.simulates_as)))
+                       .simulate().requests, SLO(2.0, 0.012))
+    assert ours == theirs
+
+
 def test_the_screen_prices_a_prefill_bound_deployment_as_the_model_does():
     config = PREFILL_HEAVY.with_values({"workload.synthetic_lengths": "fixed:2048:1"})
     shape = WorkloadShape.of(load_workload(config))

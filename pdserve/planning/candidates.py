@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pdserve.config import Config
@@ -66,10 +66,17 @@ class Candidate:
     values: tuple[tuple[str, Any], ...]  # config values by dotted path, in a fixed order
     deployment: Deployment
     proposed_by: str = ""  # "" : the grid; "ampd-ilp": AMPD's ILP (`proposals.py`)
+    # the settings of another policy that simulates exactly alike (TaiChi's aggregation
+    # points are `colocated`, sec. 3.1 of its settings): trials run once for both
+    simulates_as: tuple[tuple[str, Any], ...] = ()
 
     @property
     def settings(self) -> dict[str, Any]:
         return dict(self.values)
+
+    @property
+    def simulation_key(self) -> tuple[tuple[str, Any], ...]:
+        return self.simulates_as or self.values
 
     def config(self, base: Config) -> Config:
         return base.with_values(self.settings)
@@ -151,13 +158,19 @@ def _taichi_candidates(space: SearchSpace, instances: int, tp: int) -> list[Cand
                     "cluster.decode": point.d_heavy - (point.p_heavy == 0),
                     "policy.taichi.chunk_p_tokens": point.chunk_p_tokens,
                     "policy.taichi.chunk_d_tokens": point.chunk_d_tokens, **knobs}
+        twin: dict[str, Any] = {}
         if point.mode == "aggregation":
             groups = (InstanceGroup(instances, tp, point.chunk_p_tokens, True, True),)
+            if not knobs:
+                twin = {"policy.name": "colocated", "perf.tp": tp,
+                        "cluster.instances": instances,
+                        "instance.chunk_size_tokens": point.chunk_p_tokens}
         elif point.mode == "disaggregation":
             groups = (InstanceGroup(point.p_heavy, tp, DISAGGREGATED_CHUNK_TOKENS, True, False),
                       InstanceGroup(point.d_heavy, tp, point.chunk_p_tokens, False, True))
         else:
             groups = (InstanceGroup(point.p_heavy, tp, point.chunk_p_tokens, True, True),
                       InstanceGroup(point.d_heavy, tp, point.chunk_d_tokens, True, True))
-        found.append(_candidate(space, settings, Deployment(groups)))
+        candidate = _candidate(space, settings, Deployment(groups))
+        found.append(replace(candidate, simulates_as=tuple(twin.items())))
     return found

@@ -12,7 +12,9 @@ The screen and the short trials give every space the same budget; short trials g
 round-robin over the spaces (each space's first, then each one's second, ...), so when the
 time runs out every space has had the same share. The short stage takes new trials
 until `SHORT_SHARE` of the time is gone; whatever runs at the deadline is stopped (the pool
-is terminated), and the plan reports what finished. `MultiFidelitySearch` is the one writer
+is terminated), and the plan reports what finished. Candidates that simulate alike
+(`Candidate.simulation_key`: TaiChi's aggregation points are `colocated`) share their trials,
+and the long stage confirms distinct ones. `MultiFidelitySearch` is the one writer
 of the `CandidateRecord`s.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.pool import AsyncResult
 
 from pdserve.config import Config
@@ -79,6 +81,9 @@ class MultiFidelitySearch:
                  on_progress: Callable[[str], None] | None = None) -> None:
         self.base, self.screen, self.budget = base, screen, budget
         self.records = [CandidateRecord(c, screen.estimate(c.deployment)) for c in candidates]
+        self._twins: dict[object, list[int]] = {}  # candidates that simulate alike
+        for key, candidate in enumerate(candidates):
+            self._twins.setdefault(candidate.simulation_key, []).append(key)
         self.on_progress = on_progress or (lambda text: None)
         self._started = 0.0
 
@@ -119,7 +124,11 @@ class MultiFidelitySearch:
             if done:
                 bests.append(max(done, key=self._per_gpu))
         bests.sort(key=self._per_gpu, reverse=True)
-        contenders = bests[:self.budget.verify]
+        contenders: list[int] = []
+        for key in bests:  # a twin's runs are its twin's: confirm the next policy instead
+            if not any(self._twin(key, other) for other in contenders):
+                contenders.append(key)
+        contenders = contenders[:self.budget.verify]
         return [(key, seed) for seed in range(self.budget.seeds) for key in contenders]
 
     def _per_gpu(self, key: int) -> float:
@@ -136,12 +145,18 @@ class MultiFidelitySearch:
             guess = record.screen.goodput_rps
         return Trial(key, record.candidate, fidelity, seed, guess)
 
+    def _twin(self, key: int, other: int) -> bool:
+        return (self.records[key].candidate.simulation_key
+                == self.records[other].candidate.simulation_key)
+
     def _store(self, result: TrialResult) -> None:
-        record = self.records[result.key]
-        if result.fidelity == "short":
-            record.short = result
-        else:
-            record.long.append(result)
+        """The result, for the candidate and every twin of it."""
+        for key in self._twins[self.records[result.key].candidate.simulation_key]:
+            record = self.records[key]
+            if result.fidelity == "short":
+                record.short = replace(result, key=key)
+            elif all(r.seed != result.seed for r in record.long):
+                record.long.append(replace(result, key=key))
 
     def run(self) -> SearchOutcome:
         budget = self.budget
@@ -151,6 +166,7 @@ class MultiFidelitySearch:
         queue = [self._trial(key, budget.short, 0) for key in self.shortlist()]
         total_short, stage, stopped = len(queue), "short", False
         in_flight: list[AsyncResult] = []
+        submitted: set[tuple[object, str, int]] = set()
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         pool = context.Pool(budget.jobs, initializer=init_worker,
@@ -167,7 +183,11 @@ class MultiFidelitySearch:
                     queue = [self._trial(k, budget.long, s) for k, s in self.confirm_list()]
                     stage = "long"
                 while queue and len(in_flight) < budget.jobs:
-                    in_flight.append(pool.apply_async(evaluate, (queue.pop(0),)))
+                    trial = queue.pop(0)
+                    identity = (trial.candidate.simulation_key, trial.fidelity.name, trial.seed)
+                    if identity not in submitted:  # a twin's trial gives this one's result
+                        submitted.add(identity)
+                        in_flight.append(pool.apply_async(evaluate, (trial,)))
                 still = []
                 for pending in in_flight:
                     if pending.ready():

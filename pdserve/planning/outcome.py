@@ -69,6 +69,7 @@ class Verdict:
     runner_up: PolicyRow | None
     margin: float  # winner's goodput per GPU over the runner-up's, minus 1
     tied_with: tuple[str, ...]  # spaces whose intervals overlap the winner's
+    twins: tuple[str, ...] = ()  # spaces whose best simulates exactly as the winner
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,16 @@ def verdict(rows: list[PolicyRow]) -> Verdict:
     if not rows or rows[0].goodput.mean <= 0:
         return Verdict(None, None, math.nan, ())
     winner = rows[0]
-    contenders = [r for r in rows[1:] if r.fidelity == winner.fidelity]
+    key = winner.candidate.simulation_key
+    twins = tuple(r.space for r in rows[1:] if r.candidate.simulation_key == key)
+    contenders = [r for r in rows[1:] if r.fidelity == winner.fidelity
+                  and r.candidate.simulation_key != key]
     runner = contenders[0] if contenders else None
     margin = (winner.per_gpu.mean / runner.per_gpu.mean - 1
               if runner and runner.per_gpu.mean > 0 else math.inf)
     tied = tuple(r.space for r in contenders if r.goodput.samples > 1
                  and winner.goodput.samples > 1 and r.per_gpu.overlaps(winner.per_gpu))
-    return Verdict(winner, runner, margin, tied)
+    return Verdict(winner, runner, margin, tied, twins)
 
 
 def pareto_points(outcome: SearchOutcome) -> list[ParetoPoint]:

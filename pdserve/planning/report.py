@@ -38,6 +38,8 @@ def format_verdict(result: Verdict) -> str:
     text = (f"winner: {winner.space} ({winner.candidate.describe()}), "
             f"{winner.per_gpu.mean:.2f} req/s per GPU, {winner.goodput.mean:.1f} req/s on "
             f"{winner.gpus} GPUs")
+    if result.twins:
+        text += f" (the same simulation as {', '.join(result.twins)}'s best)"
     runner = result.runner_up
     if runner is not None:
         text += f"; {result.margin:+.1%} over {runner.space}"
