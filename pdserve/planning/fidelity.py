@@ -1,7 +1,8 @@
 """The planner's simulated fidelities: a candidate's goodput on a sample of the workload.
 
 A `Fidelity` says how long a run's arrivals last at the rate the trial expects (so a run
-reaches the steady state whatever the deployment's rate: N = duration x guessed rate
+reaches the steady state whatever the deployment's rate: N = duration x guessed rate, the
+duration at least a number of request lifetimes,
 requests, rounded to a power of 2^(1/4) so samples are shared) and how finely its goodput
 search ends; `WorkloadSamples` turns (fidelity, seed, N) into the config values that select
 that sample, so every figure the planner reports is a `pdserve simulate` of a config it can
@@ -37,13 +38,17 @@ SEARCH_RANGE = 64.0  # the goodput search may end this far from its guess, eithe
 @dataclass(frozen=True)
 class Fidelity:
     name: str  # "short" or "long"
-    duration_s: float  # of arrivals at the guessed rate, per run
+    duration_s: float  # of arrivals at the guessed rate, per run, at least
     min_requests: int
     rel_tol: float  # the goodput search stops within this
     step: float = 1.25  # the bracket's growth from the guess
+    # and at least this many request lifetimes (mean output tokens x the TPOT SLO): the
+    # decode batch fills over one, so a run of a few is mostly steady state
+    lifetimes: float = 0.0
 
-    def requests(self, guess_rps: float) -> int:
-        wanted = max(self.min_requests, self.duration_s * guess_rps)
+    def requests(self, guess_rps: float, lifetime_s: float = 0.0) -> int:
+        duration_s = max(self.duration_s, self.lifetimes * lifetime_s)
+        wanted = max(self.min_requests, duration_s * guess_rps)
         return int(round(2 ** (round(4 * math.log2(wanted)) / 4)))
 
 
@@ -78,6 +83,7 @@ class WorkloadSamples:
     def __init__(self, base: Config, seeds: int) -> None:
         self.base, self.seeds = base, seeds
         self.full = load_workload(base)
+        self.lifetime_s = float(self.full.output_tokens.mean()) * base.slo.tpot_s
         self._cache: dict[tuple[str, int, int], Workload] = {}
 
     def values(self, fidelity: Fidelity, seed: int, count: int) -> dict[str, Any]:
@@ -118,7 +124,7 @@ def run_trial(trial: Trial, samples: WorkloadSamples) -> TrialResult:
     experiments: dict[int, Experiment] = {}
 
     def experiment_at(rate_rps: float) -> Experiment:
-        count = fidelity.requests(rate_rps)
+        count = fidelity.requests(rate_rps, samples.lifetime_s)
         if count not in experiments:
             experiments[count] = Experiment(
                 config.with_values(samples.values(fidelity, seed, count)),

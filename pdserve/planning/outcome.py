@@ -86,6 +86,7 @@ class ParetoPoint:
 class ScreenError:
     """Screen goodput over simulated goodput, minus 1, across the simulated candidates."""
 
+    fidelity: str  # against the short runs or the long ones
     candidates: int
     median: float  # signed: above 0 the screen is optimistic
     median_abs: float
@@ -169,11 +170,17 @@ def pareto_front(points: list[ParetoPoint], latency: str) -> list[ParetoPoint]:
     return front
 
 
-def screen_error(outcome: SearchOutcome) -> ScreenError | None:
-    errors = [r.screen.goodput_rps / r.short.goodput_rps - 1 for r in outcome.records
-              if r.short is not None and r.short.goodput_rps > 0 and not r.short.error]
+def screen_error(outcome: SearchOutcome, fidelity: str = "short") -> ScreenError | None:
+    """Against the short runs, or the mean of the long runs (`fidelity` "long")."""
+    errors = []
+    for record in outcome.records:
+        runs = ([record.short] if record.short else []) if fidelity == "short" else record.long
+        runs = [r for r in runs if not r.error]
+        if runs and (simulated := statistics.fmean(r.goodput_rps for r in runs)) > 0:
+            errors.append(record.screen.goodput_rps / simulated - 1)
     if not errors:
         return None
     absolute = sorted(abs(e) for e in errors)
-    return ScreenError(len(errors), statistics.median(errors), statistics.median(absolute),
+    return ScreenError(fidelity, len(errors), statistics.median(errors),
+                       statistics.median(absolute),
                        absolute[min(len(absolute) - 1, int(0.9 * len(absolute)))])

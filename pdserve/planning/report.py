@@ -54,7 +54,8 @@ def format_verdict(result: Verdict) -> str:
 def format_screen_error(error: ScreenError | None) -> str:
     if error is None:
         return "screen error: no simulated candidate to measure it against"
-    return (f"screen error (screen goodput / short simulation - 1, {error.candidates} "
+    return (f"screen error (screen goodput / {error.fidelity} simulation - 1, "
+            f"{error.candidates} "
             f"candidates): median {error.median:+.1%}, median |error| "
             f"{error.median_abs:.1%}, P90 |error| {error.p90_abs:.1%}")
 
