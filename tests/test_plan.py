@@ -44,6 +44,12 @@ DECODE_HEAVY = PREFILL_HEAVY.with_values({
     "workload.synthetic_lengths": "fixed:16:1024", "workload.synthetic_requests": 2000,
     "workload.synthetic_rate_rps": 10.0, "slo.tpot_s": 0.02})
 EMPTY = summarize([], SLO(1.0, 1.0))
+
+
+def H800_8B(tp: int):  # noqa: N802 (a model, named as one)
+    return perf_model("llama-3.1-8b", "h800", tp)
+
+
 FAST_SHORT = Fidelity("short", duration_s=20.0, min_requests=200, rel_tol=0.1, step=1.2)
 FAST_LONG = Fidelity("long", duration_s=40.0, min_requests=400, rel_tol=0.05, step=1.15)
 
@@ -73,8 +79,11 @@ def test_every_space_builds_and_each_pair_that_cannot_compose_fails_for_its_reas
 
 
 def test_candidates_use_every_gpu_at_each_degree_the_model_fits():
-    assert feasible_degrees("llama-3.1-8b", "h800", 8) == [1, 2, 4, 8]
-    assert feasible_degrees("llama-3.1-70b", "h800", 8) == [2, 4, 8]  # 141 GB of weights
+    def h800(model: str):
+        return lambda tp: perf_model(model, "h800", tp)
+
+    assert feasible_degrees("llama-3.1-8b", 8, h800("llama-3.1-8b")) == [1, 2, 4, 8]
+    assert feasible_degrees("llama-3.1-70b", 8, h800("llama-3.1-70b")) == [2, 4, 8]
     for space in SEARCH_SPACES.values():
         for candidate in enumerate_candidates(space, 8, [1, 2, 4, 8]):
             reserve = candidate.settings.get("cluster.reserve", 0)
@@ -104,7 +113,7 @@ def test_taichis_aggregation_points_share_the_colocated_runs():
 def test_the_screen_prices_a_prefill_bound_deployment_as_the_model_does():
     config = PREFILL_HEAVY.with_values({"workload.synthetic_lengths": "fixed:2048:1"})
     shape = WorkloadShape.of(load_workload(config))
-    screen = Screen("llama-3.1-8b", "h800", shape, SLO(100.0, 1.0), 0.9, 256)
+    screen = Screen(H800_8B, shape, SLO(100.0, 1.0), 0.9, 256)
     one_prefill = Deployment((InstanceGroup(1, 1, 2048, True, False),
                               InstanceGroup(3, 1, 2048, False, True)))
     perf = perf_model("llama-3.1-8b", "h800", 1)
@@ -119,7 +128,7 @@ def test_the_screen_prices_a_prefill_bound_deployment_as_the_model_does():
 def test_the_screen_is_within_a_fifth_of_the_simulation_where_it_models_everything():
     """Disaggregated, Poisson arrivals, one length: queueing is all it leaves out."""
     shape = WorkloadShape.of(load_workload(PREFILL_HEAVY))
-    screen = Screen("llama-3.1-8b", "h800", shape, SLO(2.0, 0.012), 0.9, 256)
+    screen = Screen(H800_8B, shape, SLO(2.0, 0.012), 0.9, 256)
     [candidate] = [c for c in enumerate_candidates(SEARCH_SPACES["static-pd"], 2, [1])
                    if c.settings["instance.chunk_size_tokens"] == 2048]
     simulated = Experiment.from_config(candidate.config(PREFILL_HEAVY)).goodput().rate_rps

@@ -11,12 +11,12 @@ them apart.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pdserve.config import Config
-from pdserve.perf.presets import perf_model
+from pdserve.perf.fitted import PerfModel
 from pdserve.perf.specs import check_tp, model_spec
 from pdserve.planning.taichi import DISAGGREGATED_CHUNK_TOKENS, slider_grid
 from pdserve.policies.search import SearchSpace
@@ -92,15 +92,16 @@ class Candidate:
         return self.deployment.describe() + (f" {knobs}" if knobs else "")
 
 
-def feasible_degrees(model: str, gpu: str, gpus: int) -> list[int]:
-    """The tensor-parallel degrees the model divides and fits on, within `gpus`."""
+def feasible_degrees(model: str, gpus: int, perfs: Callable[[int], PerfModel]) -> list[int]:
+    """The tensor-parallel degrees the model divides and fits on (`perfs(tp)` builds the
+    instance's performance model or raises), within `gpus`."""
     spec, degrees = model_spec(model), []
     for degree in DEGREES:
         if degree > gpus or gpus % degree:
             continue
         try:
             check_tp(spec, degree)
-            perf_model(model, gpu, degree)
+            perfs(degree)
         except ValueError:
             continue  # does not divide the heads, or the weights do not fit
         degrees.append(degree)

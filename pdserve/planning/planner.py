@@ -15,11 +15,14 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import lru_cache
 from pathlib import Path
 
 from pdserve.config import Config
 from pdserve.config_flags import config_from_args
+from pdserve.perf.fitted import PerfModel
 from pdserve.planning.candidates import Candidate, enumerate_candidates, feasible_degrees
 from pdserve.planning.fidelity import Fidelity
 from pdserve.planning.multi_fidelity import MultiFidelitySearch, SearchBudget, SearchOutcome
@@ -41,7 +44,7 @@ from pdserve.planning.report import (
 )
 from pdserve.planning.screen import Screen, WorkloadShape
 from pdserve.policies.search_spaces import spaces_for
-from pdserve.sim.runner import load_workload
+from pdserve.sim.runner import load_perf_model, load_workload
 from pdserve.workload.sessions import is_session_workload
 
 DEFAULT_GPUS = 8
@@ -60,10 +63,16 @@ def plan_defaults() -> Config:
     return Config()
 
 
+def perf_by_degree(base: Config) -> Callable[[int], PerfModel]:
+    """An instance's performance model at each degree, as the simulator loads it."""
+    return lru_cache(maxsize=None)(
+        lambda tp: load_perf_model(base.with_values({"perf.tp": tp})))
+
+
 def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> list[Candidate]:
     sessions = is_session_workload(base.workload.trace)
     degrees = ([base.perf.tp] if base.perf.tp else
-               feasible_degrees(base.perf.model, base.perf.gpu, gpus))
+               feasible_degrees(base.perf.model, gpus, screen.perf))
     if not degrees:
         raise ValueError(f"{base.perf.model} fits no tensor-parallel degree on {gpus} "
                          f"{base.perf.gpu} GPUs")
@@ -71,7 +80,7 @@ def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> li
     for space in spaces_for(policy, sessions):
         found = enumerate_candidates(space, gpus, degrees)
         if space.preset == "ampd" and space.name == "ampd":
-            found += ampd_ilp_candidates(space, found, gpus, screen)
+            found += ampd_ilp_candidates(space, found, gpus, base.perf.gpu, screen)
         candidates += found
     if not candidates:
         raise ValueError(f"no deployment of {policy!r} fits {gpus} GPUs")
@@ -82,8 +91,8 @@ def search(base: Config, policy: str, gpus: int, budget: SearchBudget,
            progress: ProgressLine | None = None) -> tuple[SearchOutcome, int]:
     """The search's records and the configurations it evaluated (screened)."""
     shape = WorkloadShape.of(load_workload(base))
-    screen = Screen(base.perf.model, base.perf.gpu, shape, base.slo.targets(),
-                    base.goodput.target, base.instance.max_batch_size)
+    screen = Screen(perf_by_degree(base), shape, base.slo.targets(), base.goodput.target,
+                    base.instance.max_batch_size)
     candidates = build_candidates(base, policy, gpus, screen)
     runner = MultiFidelitySearch(base, candidates, screen, budget,
                                  progress.update if progress else None)

@@ -19,7 +19,7 @@ ILP_CHUNK_TOKENS = 2048
 PROPOSALS = 3
 
 
-def ampd_ilp_candidates(space: SearchSpace, grid: list[Candidate], gpus: int,
+def ampd_ilp_candidates(space: SearchSpace, grid: list[Candidate], gpus: int, gpu: str,
                         screen: Screen) -> list[Candidate]:
     """The ILP's deployments not already on the grid."""
     degrees = sorted({g.tp for c in grid for g in c.deployment.groups})
@@ -50,7 +50,6 @@ def ampd_ilp_candidates(space: SearchSpace, grid: list[Candidate], gpus: int,
                           True)))
         if deployment in known:
             continue
-        gpu = screen.gpu
         values = {"policy.name": space.preset, **space.fixed,
                   "cluster.instances": f"{plan.prefill_replicas}x{gpu}/tp{plan.prefill_degree}"
                                        f":prefill,{plan.decode_replicas}x{gpu}/tp"

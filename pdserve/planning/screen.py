@@ -36,7 +36,6 @@ from functools import lru_cache
 import numpy as np
 
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.presets import perf_model
 from pdserve.planning.candidates import Deployment, InstanceGroup
 from pdserve.types import SLO
 from pdserve.workload.workload import Workload
@@ -86,15 +85,19 @@ class _GroupLoad:
 class Screen:
     """Prices deployments of one model on one GPU type for one workload and SLO."""
 
-    def __init__(self, model: str, gpu: str, shape: WorkloadShape, slo: SLO,
+    _perfs: Callable[[int], PerfModel]
+
+    def __init__(self, perfs: Callable[[int], PerfModel], shape: WorkloadShape, slo: SLO,
                  target_attainment: float, max_batch_size: int) -> None:
-        self.model, self.gpu, self.shape, self.slo = model, gpu, shape, slo
+        """`perfs(tp)`: the performance model of an instance of that degree, as the
+        simulator loads it (`pdserve.sim.runner.load_perf_model`)."""
+        self._perfs, self.shape, self.slo = perfs, shape, slo
         self.target = target_attainment
         self.max_batch_size = max_batch_size
         self._estimate = lru_cache(maxsize=None)(self._compute)
 
     def perf(self, tp: int) -> PerfModel:
-        return perf_model(self.model, self.gpu, tp)
+        return self._perfs(tp)
 
     def estimate(self, deployment: Deployment) -> ScreenEstimate:
         return self._estimate(deployment)
