@@ -31,7 +31,7 @@ from pdserve.planning.candidates import Candidate
 from pdserve.planning.fidelity import Fidelity, Trial, TrialResult, evaluate, init_worker
 from pdserve.planning.screen import Screen, ScreenEstimate
 
-SHORT_SHARE = 0.45  # of the time limit, for the short stage's new trials
+SHORT_SHARE = 0.4  # of the time limit, for the short stage's new trials
 RESERVE_S = 1.0  # kept back from the time limit to write the outcome
 
 

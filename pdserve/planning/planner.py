@@ -48,6 +48,7 @@ from pdserve.sim.runner import load_perf_model, load_workload
 from pdserve.workload.sessions import is_session_workload
 
 DEFAULT_GPUS = 8
+OUTPUT_S = 3.0  # kept back from the time limit for the outcome (the plot takes seconds)
 # a run's arrivals last this long at the rate expected, and at least this many request
 # lifetimes (mean output x TPOT SLO). The decode batch takes a lifetime and more to fill: on
 # azure-conv, 8 x H100, colocated, the attainment at 200 req/s falls from 86 % over 1,500
@@ -87,21 +88,29 @@ def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> li
     return candidates
 
 
-def search(base: Config, policy: str, gpus: int, budget: SearchBudget,
+def search(base: Config, policy: str, gpus: int,
+           budget: SearchBudget | Callable[[], SearchBudget],
            progress: ProgressLine | None = None) -> tuple[SearchOutcome, int]:
-    """The search's records and the configurations it evaluated (screened)."""
+    """The search's records and the configurations it evaluated (screened). `budget` may be
+    made once the candidates are screened (so its time limit counts what that took)."""
     shape = WorkloadShape.of(load_workload(base))
     screen = Screen(perf_by_degree(base), shape, base.slo.targets(), base.goodput.target,
                     base.instance.max_batch_size)
     candidates = build_candidates(base, policy, gpus, screen)
-    runner = MultiFidelitySearch(base, candidates, screen, budget,
+    for candidate in candidates:
+        screen.estimate(candidate.deployment)
+    runner = MultiFidelitySearch(base, candidates, screen,
+                                 budget if isinstance(budget, SearchBudget) else budget(),
                                  progress.update if progress else None)
     return runner.run(), len(candidates)
 
 
-def budget_from_args(args: argparse.Namespace) -> SearchBudget:
-    return SearchBudget(args.time_limit, args.jobs or os.cpu_count() or 1, args.shortlist,
-                        args.verify, args.seeds, SHORT, LONG)
+def budget_from_args(args: argparse.Namespace, spent_s: float = 0.0) -> SearchBudget:
+    """`--time-limit` covers the whole command: the search gets what is left of it after
+    `spent_s` (loading, screening) and `OUTPUT_S` (the table, the plot, the files)."""
+    return SearchBudget(max(1.0, args.time_limit - spent_s - OUTPUT_S),
+                        args.jobs or os.cpu_count() or 1, args.shortlist, args.verify,
+                        args.seeds, SHORT, LONG)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,20 +121,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"planning {base.perf.model} on {gpus} x {base.perf.gpu} for "
           f"{base.workload.trace} (TTFT SLO {base.slo.ttft_s:g}s, TPOT SLO "
           f"{base.slo.tpot_s:g}s, goodput at {base.goodput.target:.0%} attainment); policy "
-          f"{args.policy}, {budget.jobs} processes, at most {budget.time_limit_s:g}s",
+          f"{args.policy}, {budget.jobs} processes, at most {args.time_limit:g}s",
           flush=True)
     progress = ProgressLine(enabled=not args.no_progress)
-    outcome, evaluated = search(base, args.policy, gpus, budget, progress)
+    outcome, evaluated = search(
+        base, args.policy, gpus,
+        lambda: budget_from_args(args, time.monotonic() - started), progress)
     progress.close()
     rows = policy_rows(outcome)
     result = verdict(rows)
     wall_s = time.monotonic() - started
-    short = sum(1 for r in outcome.records if r.short is not None)
-    long = sum(len(r.long) for r in outcome.records)
+    short = len({r.candidate.simulation_key for r in outcome.records if r.short})
+    long = len({(r.candidate.simulation_key, t.seed) for r in outcome.records for t in r.long})
     print(f"{evaluated} configurations screened, {short} simulated short "
           f"(>= {SHORT.duration_s:g}s of arrivals), {long} long runs (>= "
           f"{LONG.duration_s:g}s, "
-          f"{budget.seeds} seeds per confirmed candidate) in {wall_s:.1f}s"
+          f"{budget.seeds} seeds for each of the {budget.verify} best) in {wall_s:.1f}s"
           + ("; stopped at the time limit" if outcome.stopped_at_limit else ""))
     errors = [r.short.error for r in outcome.records if r.short and r.short.error]
     if errors:
