@@ -154,6 +154,8 @@ def test_intervals_and_ties():
     a = Interval.of([10.0, 11.0, 12.0])
     assert a.mean == 11.0 and a.low < 10.0 and a.high > 12.0  # t(2) = 4.30: wide
     assert Interval.of([5.0]).low == Interval.of([5.0]).high == 5.0
+    same_step = Interval.of([5.0, 5.0, 5.0], resolution=0.04)  # seeds on one search step
+    assert (same_step.low, same_step.high) == (5.0, pytest.approx(5.2))
     assert a.overlaps(Interval.of([12.0, 13.0, 14.0]))
     assert not a.overlaps(Interval.of([20.0, 20.5, 21.0]))
 

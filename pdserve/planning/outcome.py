@@ -26,14 +26,17 @@ class Interval:
     samples: int
 
     @classmethod
-    def of(cls, values: list[float]) -> Interval:
-        """Mean and 95 % t-interval (a single value: the value, no width)."""
+    def of(cls, values: list[float], resolution: float = 0.0) -> Interval:
+        """Mean and 95 % t-interval over the values (a single value: no width). Each value
+        is a goodput search's highest passing rate, the true one up to `resolution` (its
+        relative tolerance) above it: the interval's top widens by that much, so seeds that
+        land on the same step of the search do not read as no uncertainty."""
         mean = statistics.fmean(values)
         if len(values) < 2:
             return cls(mean, mean, mean, len(values))
         half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(
             len(values))
-        return cls(mean, mean - half, mean + half, len(values))
+        return cls(mean, mean - half, mean + half + resolution * mean, len(values))
 
     def overlaps(self, other: Interval) -> bool:
         return self.low <= other.high and other.low <= self.high
@@ -98,7 +101,7 @@ def _mean(results: list[TrialResult], name: str) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
-def _row(space: str, records: list[CandidateRecord]) -> PolicyRow | None:
+def _row(space: str, records: list[CandidateRecord], resolution: float) -> PolicyRow | None:
     confirmed = [r for r in records if r.long]
     shorted = [r for r in records if r.short is not None]
     if confirmed:
@@ -110,19 +113,22 @@ def _row(space: str, records: list[CandidateRecord]) -> PolicyRow | None:
         results, fidelity = [best.short], "short"
     else:
         return None
-    return PolicyRow(space, best.candidate, Interval.of([t.goodput_rps for t in results]),
+    interval = Interval.of([t.goodput_rps for t in results], resolution)
+    return PolicyRow(space, best.candidate, interval,
                      fidelity, _mean(results, "ttft_p50_s"), _mean(results, "ttft_p90_s"),
                      _mean(results, "tpot_p50_s"), _mean(results, "tpot_p90_s"),
                      best.screen.goodput_rps, len(records),
                      sum(1 for r in records if r.short is not None or r.long))
 
 
-def policy_rows(outcome: SearchOutcome) -> list[PolicyRow]:
-    """A row per space that has a simulated candidate, best goodput per GPU first."""
+def policy_rows(outcome: SearchOutcome, resolution: float = 0.0) -> list[PolicyRow]:
+    """A row per space that has a simulated candidate, best goodput per GPU first;
+    `resolution`: the long runs' goodput search tolerance (`Interval.of`)."""
     by_space: dict[str, list[CandidateRecord]] = {}
     for record in outcome.records:
         by_space.setdefault(record.candidate.space, []).append(record)
-    rows = [row for space, records in by_space.items() if (row := _row(space, records))]
+    rows = [row for space, records in by_space.items()
+            if (row := _row(space, records, resolution))]
     return sorted(rows, key=lambda r: (r.fidelity != "long", -r.per_gpu.mean))
 
 

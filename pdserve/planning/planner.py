@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         base, args.policy, gpus,
         lambda: budget_from_args(args, time.monotonic() - started), progress)
     progress.close()
-    rows = policy_rows(outcome)
+    rows = policy_rows(outcome, LONG.rel_tol)
     result = verdict(rows)
     wall_s = time.monotonic() - started
     short = len({r.candidate.simulation_key for r in outcome.records if r.short})
