@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if errors:
         print(f"{len(errors)} trials could not run, e.g. {errors[0]}")
     print(format_table(rows))
-    print(format_verdict(result))
+    print(format_verdict(result, rows))
     for fidelity in ("short", "long"):
         print(format_screen_error(screen_error(outcome, fidelity)))
     if args.out:

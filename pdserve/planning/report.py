@@ -31,7 +31,7 @@ def format_table(rows: list[PolicyRow]) -> str:
     return "\n".join(lines)
 
 
-def format_verdict(result: Verdict) -> str:
+def format_verdict(result: Verdict, rows: list[PolicyRow] | None = None) -> str:
     winner = result.winner
     if winner is None:
         return "no candidate meets the SLOs at any rate tried: no winner"
@@ -48,6 +48,11 @@ def format_verdict(result: Verdict) -> str:
                  f"(the seeds cannot tell them apart)")
     elif winner.goodput.samples < 2:
         text += "; one run only: no interval to call a tie by"
+    unconfirmed = [r for r in rows or [] if r.fidelity == "short"
+                   and r.per_gpu.mean > winner.per_gpu.mean]
+    if winner.fidelity == "long" and unconfirmed:
+        text += ("\nnot confirmed in time, higher in their short runs (which run optimistic): "
+                 + ", ".join(f"{r.space} {r.per_gpu.mean:.2f}" for r in unconfirmed[:4]))
     return text
 
 
