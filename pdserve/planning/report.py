@@ -51,7 +51,7 @@ def format_verdict(result: Verdict, rows: list[PolicyRow] | None = None) -> str:
     unconfirmed = [r for r in rows or [] if r.fidelity == "short"
                    and r.per_gpu.mean > winner.per_gpu.mean]
     if winner.fidelity == "long" and unconfirmed:
-        text += ("\nnot confirmed in time, higher in their short runs (which run optimistic): "
+        text += ("\nnot confirmed by long runs, higher in their short runs (which run optimistic): "
                  + ", ".join(f"{r.space} {r.per_gpu.mean:.2f}" for r in unconfirmed[:4]))
     return text
 
