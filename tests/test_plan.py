@@ -224,3 +224,30 @@ def test_plan_writes_its_json_record_and_a_config_that_simulate_runs(tmp_path, c
     assert yaml.safe_load((out / "winner.yaml").read_text())["slo"]["tpot_s"] == 0.012
     assert main(["simulate", "--config", str(out / "winner.yaml"), "--no-progress"]) == 0
     assert "goodput" in capsys.readouterr().out
+
+
+def test_confirmations_prefer_distinct_deployments_and_challengers_follow():
+    from pdserve.planning.fidelity import TrialResult
+    from pdserve.planning.multi_fidelity import MultiFidelitySearch
+
+    shape = WorkloadShape.of(load_workload(PREFILL_HEAVY))
+    screen = Screen(H800_8B, shape, SLO(2.0, 0.012), 0.9, 256)
+    pick = {name: enumerate_candidates(SEARCH_SPACES[name], 2, [1])[0]
+            for name in ("static-pd", "round-robin", "colocated")}
+    search = MultiFidelitySearch(PREFILL_HEAVY, list(pick.values()), screen, budget(10.0, 2, 2))
+
+    def result(key: int, fidelity: str, goodput: float, seed: int = 0) -> TrialResult:
+        return TrialResult(key, fidelity, seed, goodput, 0.1, 0.2, 0.01, 0.01, 4, 100, 1.0)
+
+    for key, goodput in enumerate((10.0, 9.9, 9.0)):  # static-pd, round-robin, colocated
+        search._store(result(key, "short", goodput))
+    # round-robin has static-pd's deployment: colocated is confirmed second
+    assert search.confirm_list() == [(0, 0), (2, 0), (0, 1), (2, 1)]
+    for key, goodput in ((0, 6.0), (2, 5.0)):
+        for seed in (0, 1):
+            search._store(result(key, "long", goodput, seed))
+    # round-robin's short run (9.9) beats the best confirmed (6.0): it is next
+    assert search.challengers() == [(1, 0), (1, 1)]
+    for seed in (0, 1):
+        search._store(result(1, "long", 5.5, seed))
+    assert search.challengers() == []

@@ -6,8 +6,9 @@ search space, parallel across processes, within a time limit.
               policy's default-order knobs first, then the knob variants of the best), one
               short sample each (`fidelity.py`), the goodput search starting at the screen's
 3. long       the top few: the best short run of each of the `verify` spaces whose best
-              short run is best (goodput per GPU), on `seeds` long samples each, the search
-              starting at the short run's goodput
+              short run is best (goodput per GPU; different deployments first), on `seeds`
+              long samples each, the search starting at the short run's goodput; then, while
+              time lasts, any space whose short run beats the best confirmed one, in turn
 The screen and the short trials give every space the same budget; short trials go
 round-robin over the spaces (each space's first, then each one's second, ...), so when the
 time runs out every space has had the same share. The short stage takes new trials
@@ -21,6 +22,7 @@ of the `CandidateRecord`s.
 from __future__ import annotations
 
 import multiprocessing
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -113,10 +115,8 @@ class MultiFidelitySearch:
             lists.append(list(dict.fromkeys(chosen))[:self.budget.shortlist])
         return _interleave(lists)
 
-    def confirm_list(self) -> list[tuple[int, int]]:
-        """(candidate, seed) pairs of the long stage: the best short run of each of the
-        `verify` spaces whose best short run has the highest goodput per GPU, seed by seed
-        (every contender's first seed, then every second, ...)."""
+    def _space_bests(self) -> list[int]:
+        """Each space's best short run, best first, twins of a better one left out."""
         bests = []
         for keys in self._spaces().values():
             done = [k for k in keys if (short := self.records[k].short) is not None
@@ -124,12 +124,42 @@ class MultiFidelitySearch:
             if done:
                 bests.append(max(done, key=self._per_gpu))
         bests.sort(key=self._per_gpu, reverse=True)
-        contenders: list[int] = []
+        distinct: list[int] = []
         for key in bests:  # a twin's runs are its twin's: confirm the next policy instead
-            if not any(self._twin(key, other) for other in contenders):
+            if not any(self._twin(key, other) for other in distinct):
+                distinct.append(key)
+        return distinct
+
+    def confirm_list(self) -> list[tuple[int, int]]:
+        """(candidate, seed) pairs of the long stage: the best short run of each of the
+        `verify` spaces whose best short run has the highest goodput per GPU, preferring
+        different deployments (two routers on one split say less than two splits), seed by
+        seed (every contender's first seed, then every second, ...)."""
+        bests = self._space_bests()
+        contenders: list[int] = []
+        for key in bests:
+            deployment = self.records[key].candidate.deployment
+            if all(self.records[k].candidate.deployment != deployment for k in contenders):
                 contenders.append(key)
-        contenders = contenders[:self.budget.verify]
+        contenders += [k for k in bests if k not in contenders]
+        return self._seeds(contenders[:self.budget.verify])
+
+    def _seeds(self, contenders: list[int]) -> list[tuple[int, int]]:
         return [(key, seed) for seed in range(self.budget.seeds) for key in contenders]
+
+    def challengers(self) -> list[tuple[int, int]]:
+        """After the long runs: the unconfirmed spaces whose best short run beats the best
+        confirmed goodput per GPU, best first (short runs run optimistic: a confirmed
+        winner may fall below another's short run; that one is confirmed next)."""
+        confirmed = [r for r in self.records if r.long]
+        if not confirmed:
+            return []
+        best = max(statistics.fmean(t.goodput_rps for t in r.long) / r.candidate.deployment.gpus
+                   for r in confirmed)
+        for key in self._space_bests():
+            if not self.records[key].long and self._per_gpu(key) > best:
+                return self._seeds([key])
+        return []
 
     def _per_gpu(self, key: int) -> float:
         record = self.records[key]
@@ -197,7 +227,9 @@ class MultiFidelitySearch:
                 in_flight = still
                 self._report(total_short, stage, len(in_flight), len(queue))
                 if stage == "long" and not queue and not in_flight:
-                    break
+                    queue = [self._trial(k, budget.long, s) for k, s in self.challengers()]
+                    if not queue:
+                        break
                 time.sleep(0.02)
         finally:
             pool.terminate()
