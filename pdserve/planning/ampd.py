@@ -174,21 +174,21 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ValueError("pdserve plan --policy ampd needs --gpus (the GPUs to deploy on)")
     if args.gpus < 2:
         raise ValueError(f"--gpus must be at least 2 (one per phase), got {args.gpus}")
-    if args.processes < 1:
-        raise ValueError(f"--processes must be at least 1, got {args.processes}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     inputs = plan_inputs(config_from_args(args, plan_defaults()), args.gpus)
     started = time.perf_counter()
     print(f"planning {inputs.model} on {inputs.gpus} {inputs.gpu} GPUs for {inputs.workload} "
           f"at {inputs.rate_sps:g} sessions/s (TTFT SLO {inputs.slo.ttft_s:g}s, ITL SLO "
           f"{inputs.slo.tpot_s:g}s)", flush=True)
-    deployments = plan(inputs, args.processes, max(args.top, args.verify))
+    deployments = plan(inputs, args.jobs, max(args.top, args.verify))
     print(f"top {min(args.top, len(deployments))} deployments by the ILP (Z = worse phase's "
           f"p95 latency / its SLO), {time.perf_counter() - started:.1f}s:")
     for rank, deployment in enumerate(deployments[:args.top], 1):
         print(f"  {rank}. {deployment.describe()}  Z={deployment.z:.3g} (prefill "
               f"{deployment.tau_prefill:.3g}, decode {deployment.tau_decode:.3g})")
     if args.verify > 0:
-        checked = verify(inputs, deployments[:args.verify], args.processes)
+        checked = verify(inputs, deployments[:args.verify], args.jobs)
         print(f"the ILP's {len(checked)} best, simulated as whole clusters under ampd, "
               f"{time.perf_counter() - started:.1f}s:")
         for rank, (deployment, attainment) in enumerate(checked[:args.top], 1):

@@ -157,12 +157,12 @@ def run(args: argparse.Namespace) -> int:
     points = slider_grid(instances, _sizes(args.chunk_sizes, "--chunk-sizes"),
                          _sizes(args.d_chunk_sizes, "--d-chunk-sizes"))
     print(f"taichi slider search: {len(points)} settings of {instances} instances, "
-          f"{args.processes} processes, at most {args.time_limit:g}s; SLO TTFT "
+          f"{args.jobs} processes, at most {args.time_limit:g}s; SLO TTFT "
           f"{base.slo.ttft_s:g}s TPOT {base.slo.tpot_s:g}s, {base.perf.model} on {base.perf.gpu}")
     started = time.monotonic()
     bar = tqdm(total=len(points), unit="setting", desc="plan", disable=True if
                args.no_progress else None)
-    results = search(base, points, args.processes, args.time_limit, lambda r: bar.update())
+    results = search(base, points, args.jobs, args.time_limit, lambda r: bar.update())
     bar.close()
     skipped = len(points) - len(results)
     print(f"{len(results)} settings simulated in {time.monotonic() - started:.0f}s"
