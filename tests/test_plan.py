@@ -218,6 +218,11 @@ def test_plan_writes_its_json_record_and_a_config_that_simulate_runs(tmp_path, c
     assert {"ttft_p90_s", "tpot_p50_s", "goodput_per_gpu"} <= set(data["policies"][0])
     assert (out / "pareto.png").stat().st_size > 0
     assert json.loads((out / "pareto.json").read_text())
+    assert json.loads((out / "summary.json").read_text())["winner"] == winner
+    page = (out / "report.html").read_text()  # plotly is a dev dependency
+    for shown in ("pareto_ttft", "pareto_tpot", "each policy's best deployment", "colocated",
+                  "static-pd"):
+        assert shown in page
     config = Config.from_yaml(out / "winner.yaml")
     assert config.policy.name == "static-pd" and config.goodput.search
     assert (config.cluster.prefill, config.cluster.decode, config.perf.tp) == (1, 1, 1)

@@ -214,16 +214,18 @@ def write_outputs(out: Path, inputs: PlanInputs, deployments: Sequence[Deploymen
         "deployments": [{**asdict(d), "gpus_used": d.gpus, "describe": d.describe(),
                          **({"slo_attainment": attained[d]} if d in attained else {})}
                         for d in deployments]}
-    write_plan(out, "pdserve plan: AMPD deployments", f"{inputs.model} on {inputs.gpus} "
-               f"{inputs.gpu} GPUs, {inputs.workload} at {inputs.rate_sps:g} sessions/s",
-               document, pareto_figure(
+    written = write_plan(out, "pdserve plan: AMPD deployments",
+               f"{inputs.model} on {inputs.gpus} {inputs.gpu} GPUs, {inputs.workload} at "
+               f"{inputs.rate_sps:g} sessions/s",
+               document, [("pareto", pareto_figure(
                    "deployments: each phase's p95 latency / its SLO (lower is better; "
                    "colour: Z)", labels, [d.tau_prefill for d in deployments],
                    [d.tau_decode for d in deployments], "prefill p95 / TTFT SLO",
-                   "decode p95 / ITL SLO", [d.z for d in deployments], "Z"),
+                   "decode p95 / ITL SLO", [d.z for d in deployments], "Z"))],
                table("the ILP's deployments, best Z first", [
                    "rank", "deployment", "GPUs", "Z", "prefill tau", "decode tau",
                    "simulated attainment"], [
                    [rank, d.describe(), d.gpus, d.z, d.tau_prefill, d.tau_decode,
                     attained.get(d, float("nan"))] for rank, d in enumerate(deployments, 1)]),
                [("deployments", str(len(deployments)))])
+    print(f"wrote {out}/: {', '.join(written)}")

@@ -6,7 +6,8 @@ across papers) is enumerated on the GPUs (`candidates.py`), AMPD's ILP adds its 
 (`proposals.py`), and the multi-fidelity search (`multi_fidelity.py`) screens, shortlists
 and confirms them with the same budget per space. The outcome (`outcome.py`) is printed
 (`report.py`), and with `--out DIR` written as the winner's config (`winner.yaml`), the
-Pareto plot (`pareto.png`) and its data (`pareto.json`); `--json FILE` writes the record.
+Pareto plot (`pareto.png`) and its data (`pareto.json`), the record (`summary.json`) and
+`report.html`; `--json FILE` writes the record.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pdserve.planning.report import (
     plan_json,
     winner_config,
     write_config,
+    write_plan_report,
 )
 from pdserve.planning.screen import Screen, WorkloadShape
 from pdserve.policies.search_spaces import spaces_for
@@ -162,8 +164,11 @@ def run(args: argparse.Namespace) -> int:
                          f"pdserve simulate --config {out / 'winner.yaml'}  (goodput search "
                          f"on the whole workload)\npdserve serve --config "
                          f"{out / 'winner.yaml'}")
-        print(f"wrote {out}/: pareto.png, pareto.json"
-              + (", winner.yaml" if result.winner else ""))
+        written = write_plan_report(out, base, gpus, points, rows, result, plan_json(
+            evaluated, time.monotonic() - started, rows, result))
+        print(f"wrote {out}/: pareto.png, pareto.json" + (", winner.yaml" if result.winner
+                                                          else "")
+              + "".join(f", {name}" for name in written))
     if args.json:
         Path(args.json).write_text(json.dumps(
             plan_json(evaluated, time.monotonic() - started, rows, result), indent=1) + "\n")

@@ -1,6 +1,7 @@
 """A plan's outcome for a person and for a program: the table per policy, the winner and its
 margin, the screen's error (text); the `--json` record; the winner's config file, ready for
-`pdserve simulate --config` and `pdserve serve --config`."""
+`pdserve simulate --config` and `pdserve serve --config`; `report.html`: the Pareto plots and
+the table per policy, on the page every run's report uses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from pdserve.config import Config
 from pdserve.planning.candidates import Candidate
-from pdserve.planning.outcome import PolicyRow, ScreenError, Verdict
+from pdserve.planning.outcome import ParetoPoint, PolicyRow, ScreenError, Verdict
 
 
 def _ms(seconds: float) -> str:
@@ -99,3 +100,37 @@ def winner_config(base: Config, candidate: Candidate) -> Config:
 
 def write_config(path: Path, config: Config, header: str) -> None:
     path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + config.to_yaml())
+
+
+def write_plan_report(out: Path, base: Config, gpus: int, points: list[ParetoPoint],
+                      rows: list[PolicyRow], result: Verdict,
+                      document: dict[str, Any]) -> list[str]:
+    """`summary.json` (the `--json` record) and `report.html` in `out`: goodput per GPU
+    against TTFT P90 and against TPOT P90 for every simulated candidate (a colour per
+    policy, the fronts joined, the SLOs dashed) and the table per policy."""
+    from pdserve.metrics.report_page import write_plan
+    from pdserve.metrics.views import goodput_latency_figure, table
+
+    slo = base.slo
+    groups = [p.space for p in points]
+    labels = [f"{p.label} ({p.fidelity})" for p in points]
+    goodput = [p.goodput_per_gpu for p in points]
+    figures = [(name, goodput_latency_figure(
+        f"goodput per GPU against {title} at the goodput rate", groups, labels,
+        [getattr(p, attribute) for p in points], goodput, f"{title} (s)", limit_s))
+        for name, title, attribute, limit_s in (
+            ("pareto_ttft", "TTFT P90", "ttft_p90_s", slo.ttft_s),
+            ("pareto_tpot", "TPOT P90", "tpot_p90_s", slo.tpot_s))]
+    policy_table = table("each policy's best deployment, best goodput per GPU first", [
+        "policy", "deployment", "goodput/GPU", "95 % low", "95 % high", "runs",
+        "TTFT P50 s", "TTFT P90 s", "TPOT P50 s", "TPOT P90 s", "confirmed"], [
+        [row.space, row.candidate.describe(), row.per_gpu.mean, row.per_gpu.low,
+         row.per_gpu.high, row.per_gpu.samples, row.ttft_p50_s, row.ttft_p90_s,
+         row.tpot_p50_s, row.tpot_p90_s, row.fidelity == "long"] for row in rows])
+    winner = result.winner
+    cards = [("winner", "none" if winner is None else
+              f"{winner.space}: {winner.per_gpu.mean:.2f} req/s per GPU"),
+             ("configurations", str(document["configurations_evaluated"]))]
+    return write_plan(out, "pdserve plan", f"{base.perf.model} on {gpus} x {base.perf.gpu}, "
+                      f"{base.workload.trace}; SLO TTFT {slo.ttft_s:g} s, TPOT "
+                      f"{slo.tpot_s:g} s", document, figures, policy_table, cards)
