@@ -105,8 +105,8 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     shared.add_argument("--top", type=int, help="results to print [taichi: 5, ampd: 3]")
     shared.add_argument("--out", type=Path, help="taichi, ampd: write summary.json (every "
                         "candidate) and report.html (their Pareto plot and table) here; all: "
-                        "winner.yaml (for simulate/serve --config), pareto.png, pareto.json, summary.json (the "
-                        "--json record) and report.html")
+                        "winner.yaml (for simulate/serve --config), pareto.png, pareto.json, "
+                        "summary.json (the --json record) and report.html")
     shared.add_argument("--jobs", "--processes", dest="jobs", type=int,
                         help="simulations in parallel [taichi, ampd: 2; all: the CPUs]")
     shared.add_argument("--time-limit", type=float, help="seconds; what is not done by then "
