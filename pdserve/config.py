@@ -203,20 +203,24 @@ class SimulationConfig:
     transfer_calls: int = 1  # per KV hand-off, with transfer_mode "fixed"
     instance_startup_s: float = 20.0  # a started (scaled-up) instance serves after this
     # the control plane's latency per request (client -> instance plus token -> client),
-    # added to every output time; 0 for GPU clusters, measured live by bench/live_fidelity.py
-    control_latency_s: float = 0.0
+    # added to every output time; None: the performance model's (`PerfModel`: 0 for the
+    # presets, measured in situ by `pdserve profile --from-step-log`)
+    control_latency_s: float | None = None
     # its spread: 0 adds control_latency_s to every request; above it, each request draws
-    # its own latency from a lognormal with median control_latency_s and this P90
-    control_latency_p90_s: float = 0.0
+    # its own latency from a lognormal with median control_latency_s and this P90; None:
+    # the performance model's, or 0 where control_latency_s is set and this is not
+    control_latency_p90_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.transfer_mode not in ("", *TRANSFER_MODES):
             raise ValueError(f"config field 'sim.transfer_mode' must be aligned, "
                              f"per-block-per-layer or fixed, got {self.transfer_mode!r}")
         _positive(self, "sim", "transfer_calls")
-        _not_negative(self, "sim", "instance_startup_s", "control_latency_s")
+        _not_negative(self, "sim", "instance_startup_s")
+        if self.control_latency_s is not None:
+            _not_negative(self, "sim", "control_latency_s")
         if self.control_latency_p90_s and not (
-                self.control_latency_p90_s >= self.control_latency_s > 0):
+                self.control_latency_p90_s >= (self.control_latency_s or 0.0) > 0):
             raise ValueError(f"config field 'sim.control_latency_p90_s' must be 0 or at least "
                              f"control_latency_s > 0, got {self.control_latency_p90_s!r} with "
                              f"control_latency_s {self.control_latency_s!r}")

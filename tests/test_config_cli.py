@@ -108,8 +108,9 @@ def parser_of(command: str) -> argparse.ArgumentParser:
     return sub.choices[command]
 
 
-NOT_CONFIG = {"help", "config", "out", "no_progress", "policy", "top", "processes", "instances",
-              "chunk_sizes", "d_chunk_sizes", "time_limit", "gpus", "verify"}
+NOT_CONFIG = {"help", "config", "out", "no_progress", "policy", "top", "jobs", "instances",
+              "chunk_sizes", "d_chunk_sizes", "time_limit", "gpus", "verify", "shortlist",
+              "seeds", "json"}
 
 
 @pytest.mark.parametrize("command", ["simulate", "serve", "plan"])

@@ -162,6 +162,8 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "rel_tol": Path("goodput.tolerance"),
         "max_doublings": "the search's bound on doubling the rate",
         "on_point": "a progress callback",
+        "start_scale": "a caller's guess (the planner's screen or shorter run)",
+        "step": "the bracket's growth from the guess (the planner's fidelity)",
     }),
     synthetic_workload: (SIM, {
         "num_requests": Path("workload.synthetic_requests"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from conftest import make_perf, policy_setup, sim_settings
@@ -39,9 +40,10 @@ def outcome(request: Request) -> tuple:
 
 
 def assert_fast_equals_stepwise(policy: str, slo: SLO = DEFAULT_SLO, prefill: int = 2,
-                                decode: int = 2) -> tuple[SimResult, list[Request]]:
+                                decode: int = 2, perf: PerfModel | None = None
+                                ) -> tuple[SimResult, list[Request]]:
     """Run a memory-pressured, bursty workload step by step and with fast-advance."""
-    perf = make_perf(kv_capacity_tokens=12_000)
+    perf = perf or make_perf(kv_capacity_tokens=12_000)
     workload = synthetic_workload(300, rate_rps=12.0, lengths="uniform:20-2500:1-400",
                                   arrival="gamma", cv=2.0, seed=7)
     runs = [simulate(policy, workload.requests(), perf, span, slo, prefill, decode,
@@ -75,6 +77,17 @@ def test_fast_advance_equals_step_by_step(policy: str):
     """Under memory pressure (preemptions, queued transfers) and bursty arrivals."""
     _, requests = assert_fast_equals_stepwise(policy)
     assert sum(r.preemptions for r in requests) > 0  # the workload does stress memory
+
+
+def test_fast_advance_equals_step_by_step_with_a_super_linear_decode_cost():
+    """A step-log fit's squared batch term (and its tangent beyond the logged batches) is a
+    constant of a span, so spans stay exact."""
+    base = make_perf(kv_capacity_tokens=12_000)
+    perf = replace(base, decode=replace(base.decode, per_seq_squared_s=2e-5,
+                                        squared_until_batch=12))
+    assert perf.decode.step_s(30, 0) > base.decode.step_s(30, 0) + 0.01
+    _, requests = assert_fast_equals_stepwise("static-pd", perf=perf)
+    assert sum(r.preemptions for r in requests) > 0
 
 
 def test_fast_advance_equals_step_by_step_while_arrow_flips_instances():

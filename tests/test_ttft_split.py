@@ -14,7 +14,9 @@ from server_helpers import running_server
 from pdserve.config import Config
 from pdserve.live.replay_client import ClientTimeline, replay
 from pdserve.live.timeline import read_timeline, split_ttft
-from pdserve.perf.step_log import read_role_log, read_timed_steps
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.in_situ import control_latency
+from pdserve.perf.step_log import PERF_MODEL_FILE, read_role_log, read_timed_steps
 from pdserve.sim.runner import Experiment
 from pdserve.types import Request, Role, add_control_latency
 from pdserve.workload.workload import Workload
@@ -83,3 +85,11 @@ def test_a_live_server_logs_each_requests_timeline_on_one_clock(tmp_path, monkey
     assert all(began_s <= changes[0][0] <= ended_s for changes in roles.values())
     starts = [start for path in logs.glob("steps-*.csv") for _, start in read_timed_steps(path)]
     assert starts and all(began_s <= start <= ended_s for start in starts)
+    # the server's side, without the client's clock: each request's control plane's latency
+    # (receipt -> admission + batch end -> first text sent) is within what the client saw
+    # outside the worker part, and the model the driver ran on is there for a fit
+    control = control_latency(logs)
+    assert control is not None and control.requests == 4
+    outside = [a + b for a, b in zip(split["in"], split["out"], strict=True)]
+    assert 0 < control.median_s <= max(outside)
+    assert PerfModel.load(logs / PERF_MODEL_FILE).kv_capacity_tokens > 0

@@ -1,6 +1,8 @@
-"""`pdserve profile`: measure a live engine (on the CPU or a GPU) and write the fitted
-performance model that `pdserve simulate --perf-model` and `pdserve serve --perf-model` load.
-The engine is imported only when the command runs (the simulator needs no torch)."""
+"""`pdserve profile`: measure a live engine (on the CPU or a GPU), or fit a live deployment's
+step log (`--from-step-log DIR`, `perf/in_situ.py`), and write the fitted performance model
+that `pdserve simulate --perf-model` and `pdserve serve --perf-model` load. The engine is
+imported only when an engine is measured (the simulator and the step-log fit need no
+torch)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,15 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         "profile", help="measure a live engine and write a fitted performance model",
         description="Measure prefill and decode step times (one torch thread) and KV copy "
         "speed of a model on this machine, fit the simulator's performance model, and write it "
-        "as JSON for `pdserve simulate --perf-model`.")
+        "as JSON for `pdserve simulate --perf-model`. With --from-step-log DIR, fit the "
+        "batches and the control plane's latency a deployment logged while serving with "
+        "PDSERVE_STEP_LOG=DIR instead (the calibration that matches a deployment best).")
+    p.add_argument("--from-step-log", type=Path, metavar="DIR", default=None,
+                   help="fit a live run's step log (the directory PDSERVE_STEP_LOG named) "
+                   "instead of measuring an engine")
+    p.add_argument("--base", type=Path, metavar="FILE", default=None,
+                   help="with --from-step-log: the performance model whose KV capacity and "
+                   "transfer cost to keep [the one the deployment logged it ran on]")
     p.add_argument("--model", default="", help="a .gguf file, a Hugging Face checkpoint "
                    "directory or a named random model (tiny, small) [SmolLM2-135M-Instruct]")
     p.add_argument("--kv-blocks", type=int, default=4096,
@@ -31,6 +41,10 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_profile(args: argparse.Namespace) -> int:
+    if args.from_step_log is not None:
+        return _run_from_step_log(args)
+    if args.base is not None:
+        raise ValueError("--base goes with --from-step-log")
     try:
         from pdserve.engine.device import resolve_device
         from pdserve.engine.profile import QUICK_GRID, ProfileGrid, profile_engine
@@ -53,4 +67,43 @@ def _run_profile(args: argparse.Namespace) -> int:
     print(f"transfer {t.per_call_s * 1e6:.2f} us/copy + {t.bytes_per_s / 1e9:.2f} GB/s   "
           f"R2 {t.r2:.4f}")
     print(f"wrote {args.out} (KV capacity {model.kv_capacity_tokens} tokens)")
+    return 0
+
+
+def _run_from_step_log(args: argparse.Namespace) -> int:
+    from pdserve.perf.fitted import PerfModel
+    from pdserve.perf.in_situ import calibrate
+
+    measuring = [flag for flag, given in (("--model", args.model), ("--quick", args.quick),
+                                          ("--contention", args.contention)) if given]
+    if measuring:
+        raise ValueError(f"--from-step-log fits a logged run; {', '.join(measuring)} "
+                         f"measure an engine: give one or the other")
+    base = PerfModel.load(args.base) if args.base is not None else None
+    result = calibrate(args.from_step_log, base, lambda message: print(message, flush=True))
+    model = result.model
+    model.save(args.out)
+    p, d = model.prefill, model.decode
+    print(f"prefill  {p.intercept_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us/token + "
+          f"{p.per_attn_unit_s * 1e9:.3f} ns/attn unit   R2 {p.r2:.3f} over "
+          f"{result.prefill_rows} batches; batch spread (CV) {model.prefill_step_cv:.3f}")
+    print(f"decode   {d.intercept_s * 1e3:.3f} ms + {d.per_seq_s * 1e6:.1f} us/seq + "
+          f"{d.per_seq_squared_s * 1e6:.2f} us/seq^2 + {d.per_context_token_s * 1e9:.1f} "
+          f"ns/context token (batch-1 {d.batch1_extra_s * 1e3:+.3f} ms)   R2 {d.r2:.3f} over "
+          f"{result.decode_rows} batches" + ("" if result.per_role else " (the same fit)"))
+    print("decode-only batches, logged mean period vs the fit:")
+    for check in result.decode_check:
+        print(f"  B {check.min_batch:>3}-{check.max_batch:<3} {check.batches:>6} batches  "
+              f"{check.logged_mean_s * 1e3:8.2f} ms  fit {check.model_mean_s * 1e3:8.2f} ms "
+              f"({100 * (check.model_mean_s / check.logged_mean_s - 1):+.0f} %)")
+    if result.control is None:
+        print("control latency: not measured (no responses-server.csv: the run served no "
+              "streamed request, or predates it); the simulator adds none")
+    else:
+        c = result.control
+        print(f"control latency: median {c.median_s * 1e3:.2f} ms, P90 {c.p90_s * 1e3:.2f} ms "
+              f"over {c.requests} streamed requests (server receipt -> admission + batch end "
+              f"-> first text sent)")
+    print(f"wrote {args.out} (KV capacity {model.kv_capacity_tokens} tokens and transfer cost "
+          f"from {result.base_origin})")
     return 0

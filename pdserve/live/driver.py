@@ -153,7 +153,9 @@ class LiveDriver:
 
             self.workers = RayWorkers(workers, num_instances, ray)
         self.lifecycle = WorkerLifecycle(self.workers, self.metrics)
-        self.timeline = RequestTimeline.from_env(self.scheduler.roles)  # fidelity runs only
+        self.timeline = RequestTimeline.from_env(self.scheduler.roles)  # step-log runs only
+        if self.timeline is not None:
+            self.timeline.perf_model(self._perf)
         self.streams = TokenStreams(self.metrics, self.timeline, max_ended=MAX_ENDED)
         self._batch_end_s = 0.0  # of the StepDone whose tokens are being handled
         self._next_id = 0
@@ -193,6 +195,8 @@ class LiveDriver:
         previous = self.perf_model
         self._perf = perf
         self.perf_model = PerfModelState(PROFILED, origin)
+        if self.timeline is not None:
+            self.timeline.perf_model(perf)
         self._handle(PerfModelChanged(perf))
         for instance in range(self.workers.count):  # live ones; a (re)starting one when ready
             self.send(instance, SetPerfModel(perf))

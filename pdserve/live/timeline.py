@@ -12,7 +12,12 @@ plane's latency, the config's `sim.control_latency_s`.
 
 It also logs the roles the instances start with and every flip, with the same clock, to
 `DIR/roles-driver.csv` (`perf.step_log.ROLES_FILE`), so the step logs of a policy that
-flips roles can be fitted per role (`perf.step_log.fit_step_log_by_role`).
+flips roles can be fitted per role (`perf.step_log.fit_step_log_by_role`); the HTTP server's
+side of each streamed request (when it received it, when it sent its first text) to
+`DIR/responses-server.csv`, so the control plane's latency is measured without the client's
+clock (`perf.in_situ.control_latency`); and the performance model the driver runs on to
+`DIR/perf-model-driver.json`, whose KV and transfer figures a fit of the step logs keeps
+(`pdserve profile --from-step-log`).
 """
 
 from __future__ import annotations
@@ -22,29 +27,30 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from pdserve.perf.step_log import ROLE_COLUMNS, ROLES_FILE, STEP_LOG_ENV
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.step_log import (
+    PERF_MODEL_FILE,
+    REQUEST_COLUMNS,
+    REQUESTS_FILE,
+    RESPONSE_COLUMNS,
+    RESPONSES_FILE,
+    ROLE_COLUMNS,
+    ROLES_FILE,
+    STEP_LOG_ENV,
+)
 from pdserve.types import Role
-
-COLUMNS = ("request_id", "admitted_s", "batch_end_s", "driver_received_s")
 
 
 class RequestTimeline:
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "requests-driver.csv"
-        new = not path.exists()
-        self._file: TextIO = path.open("a", newline="")
-        self._writer = csv.writer(self._file)
-        if new:
-            self._writer.writerow(COLUMNS)
-        roles_path = directory / ROLES_FILE
-        new = not roles_path.exists()
-        self._roles_file: TextIO = roles_path.open("a", newline="")
-        self._roles = csv.writer(self._roles_file)
-        if new:
-            self._roles.writerow(ROLE_COLUMNS)
+        self._directory = directory
+        self._file, self._writer = _appender(directory / REQUESTS_FILE, REQUEST_COLUMNS)
+        self._roles_file, self._roles = _appender(directory / ROLES_FILE, ROLE_COLUMNS)
+        self._responses_file, self._responses = _appender(directory / RESPONSES_FILE,
+                                                          RESPONSE_COLUMNS)
 
     @classmethod
     def from_env(cls, roles: Sequence[Role] = ()) -> RequestTimeline | None:
@@ -69,11 +75,31 @@ class RequestTimeline:
         self._roles.writerow((f"{at_s:.6f}", instance_id, role.value))
         self._roles_file.flush()
 
+    def first_sent(self, request_id: int, received_s: float, sent_s: float) -> None:
+        """The HTTP server received request `request_id` (the driver's first-attempt id) at
+        `received_s` and wrote its first text to the stream at `sent_s`."""
+        self._responses.writerow((request_id, f"{received_s:.6f}", f"{sent_s:.6f}"))
+        self._responses_file.flush()
+
+    def perf_model(self, perf: PerfModel) -> None:
+        """The driver runs on `perf` from now on (the last one written is the one kept)."""
+        perf.save(self._directory / PERF_MODEL_FILE)
+
+
+def _appender(path: Path, columns: Sequence[str]) -> tuple[TextIO, Any]:
+    """A CSV file opened to append to, with its header when it is new."""
+    new = not path.exists()
+    handle: TextIO = path.open("a", newline="")
+    writer = csv.writer(handle)
+    if new:
+        writer.writerow(columns)
+    return handle, writer
+
 
 def read_timeline(directory: Path) -> dict[int, tuple[float, float, float]]:
     """request id -> (admitted, batch end, driver received) from `requests-driver.csv`."""
     rows: dict[int, tuple[float, float, float]] = {}
-    path = directory / "requests-driver.csv"
+    path = directory / REQUESTS_FILE
     if path.exists():
         with path.open(newline="") as handle:
             for record in csv.DictReader(handle):

@@ -1,7 +1,9 @@
 """Goodput: the highest rate scale at which SLO attainment stays at or above a target.
 
 Search: evaluate scale 1; double (or halve) until the target is crossed, then bisect between
-the highest passing and the lowest failing scale until they are within `rel_tol`. This
+the highest passing and the lowest failing scale until they are within `rel_tol`. A caller
+that has a guess (the planner's screen, a shorter run) starts there and steps by a smaller
+factor (`start_scale`, `step`); the defaults are the plain search. This
 assumes attainment falls as the rate rises, as the papers do; when it does not, the answer is
 still a scale that passed, and every evaluated point is kept for the plot.
 """
@@ -31,13 +33,19 @@ class GoodputResult:
 
 def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
                    target_attainment: float, rel_tol: float, max_doublings: int = 12,
-                   on_point: Callable[[GoodputPoint], None] | None = None) -> GoodputResult:
+                   on_point: Callable[[GoodputPoint], None] | None = None,
+                   start_scale: float = 1.0, step: float = 2.0) -> GoodputResult:
     """`run(scale)` serves the workload at `scale` times its rate and summarizes it;
-    `target_attainment` and `rel_tol` are the config's `goodput.target` and `.tolerance`."""
+    `target_attainment` and `rel_tol` are the config's `goodput.target` and `.tolerance`.
+    The bracket starts at `start_scale` and grows (or shrinks) by `step` at most
+    `max_doublings` times."""
     if not 0 < target_attainment <= 1:
         raise ValueError(f"target_attainment must be in (0, 1], got {target_attainment}")
     if not rel_tol > 0:
         raise ValueError(f"rel_tol must be positive, got {rel_tol}")
+    if not (start_scale > 0 and step > 1):
+        raise ValueError(f"start_scale must be positive and step above 1, got {start_scale}, "
+                         f"{step}")
     points: dict[float, GoodputPoint] = {}
 
     def passes(scale: float) -> bool:
@@ -48,10 +56,10 @@ def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
                 on_point(point)
         return points[scale].summary.slo_attainment >= target_attainment
 
-    low = high = 1.0
-    if passes(1.0):
+    low = high = start_scale
+    if passes(start_scale):
         for _ in range(max_doublings):
-            high *= 2
+            high *= step
             if not passes(high):
                 break
             low = high
@@ -59,7 +67,7 @@ def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
             return _result(target_attainment, low, base_rate_rps, points)
     else:
         for _ in range(max_doublings):
-            low /= 2
+            low /= step
             if passes(low):
                 break
             high = low

@@ -95,15 +95,15 @@ def write_report(path: Path, state: dict[str, Any]) -> bool:
 
 
 def write_plan(out: Path, title: str, subtitle: str, document: dict[str, Any],
-               figure: Figure, results: dict[str, Any],
-               cards: Sequence[tuple[str, str]] = ()) -> None:
-    """A planner's `summary.json` (`document`) and `report.html` (the Pareto plot of its
-    candidates and their table) in `out`."""
+               figures: Sequence[tuple[str, Figure]], results: dict[str, Any],
+               cards: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """A planner's `summary.json` (`document`) and `report.html` (its Pareto plots and
+    table) in `out`; returns the names of the files written."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(document, indent=2) + "\n")
     written = write_report(out / "report.html", page_state(
-        title, subtitle, (), (), 0, None, [("pareto", figure)], cards, [results]))
-    print(f"wrote {out}/: summary.json" + (", report.html" if written else ""))
+        title, subtitle, (), (), 0, None, list(figures), cards, [results]))
+    return ["summary.json"] + (["report.html"] if written else [])
 
 
 def ended_at(requests: Sequence[Request]) -> list[tuple[float, Request]]:

@@ -309,6 +309,32 @@ def pareto_figure(title: str, labels: Sequence[str], xs: Sequence[float],
                           yaxis={"title": {"text": y_title}}, height=480)}
 
 
+def goodput_latency_figure(title: str, groups: Sequence[str], labels: Sequence[str],
+                           latency_s: Sequence[float], goodput: Sequence[float],
+                           latency_title: str, slo_s: float) -> Figure:
+    """Candidates as points of a latency (x, lower is better) and a goodput (y, higher is
+    better), a trace per group (a planner's policy), the SLO a dashed line, and the front
+    (the points no other has both faster and higher) joined."""
+    front = pareto_front(latency_s, [-g for g in goodput])
+    data: list[dict[str, Any]] = []
+    for group in sorted(set(groups)):
+        mine = [i for i, g in enumerate(groups) if g == group]
+        data.append({"type": "scatter", "mode": "markers", "name": group,
+                     "x": [latency_s[i] for i in mine], "y": [goodput[i] for i in mine],
+                     "text": [labels[i] for i in mine], "hoverinfo": "text+x+y",
+                     "marker": {"size": 8}})
+    ordered = sorted(front, key=lambda i: latency_s[i])
+    data.append({"type": "scatter", "mode": "lines", "name": "Pareto front",
+                 "x": [latency_s[i] for i in ordered], "y": [goodput[i] for i in ordered],
+                 "line": {"color": "#000000", "shape": "hv", "width": 1}})
+    shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": slo_s, "x1": slo_s,
+               "y0": 0, "y1": 1, "line": {"color": "#888888", "dash": "dash"}}]
+    return {"data": data, "layout": _layout(title, xaxis={"title": {"text": latency_title}},
+                                            yaxis={"title": {"text": "goodput per GPU "
+                                                             "(req/s)"}},
+                                            shapes=shapes, height=460)}
+
+
 def pareto_front(xs: Sequence[float], ys: Sequence[float]) -> list[int]:
     """Indices of the points no other point beats on both (lower) costs; NaN never is."""
     points = [(x, y, i) for i, (x, y) in enumerate(zip(xs, ys, strict=True))

@@ -140,7 +140,16 @@ def fit_steps(samples: Sequence[tuple[float, float, float, float, float]]
     deployment carry interference that only ever adds time (right-skewed noise), and the
     relative-error fit weighs the fastest periods most, so it prices a batch at about its
     best case, under the mean that sets a queue's utilisation and a request's TPOT (on a
-    1P1D run's decode worker: 0.14 s against a mean period of 0.25 s at 48-64 decodes)."""
+    1P1D run's decode worker: 0.14 s against a mean period of 0.25 s at 48-64 decodes).
+
+    The decode step also gets a non-negative term in the squared batch size
+    (`DecodeCoeffs.per_seq_squared_s`) where at least 3 batch sizes were logged: live CPU
+    workers' periods grow faster than linearly with the batch (B ~11: 19 ms, ~23: 67 ms,
+    ~53: 159 ms), which a linear fit, sitting on the many small batches, prices low just
+    where a decode queue nears its capacity; a linear log fits it 0. Beyond the largest
+    logged batch the term continues as its tangent (`squared_until_batch`): a 1P1D decode
+    worker's log of batches up to 16 fitted a parabola that priced B = 64 at 0.30 s, where
+    the runs that reached it measured 0.13 s."""
     data = np.asarray(samples, dtype=float)
     if data.ndim != 2 or data.shape[1] != 5:
         raise ValueError("step samples must be (decodes, context, prefill tokens, attention "
@@ -155,13 +164,19 @@ def fit_steps(samples: Sequence[tuple[float, float, float, float, float]]
         if 0 < column.sum() < len(batch):  # identifiable only beside rows without it
             index[name] = len(columns)
             columns.append(column)
+    if len(set(batch[batch > 0].tolist())) >= 3:  # apart from the linear term's
+        index["squared"] = len(columns)
+        columns.append(batch * batch)
     free = frozenset({index["batch1"]}) if "batch1" in index else frozenset()
     coeffs, r2 = _least_squares(columns, seconds, free=free, relative=False)
     extra = float(coeffs[index["batch1"]]) if "batch1" in index else 0.0
     prefill_extra = float(coeffs[index["prefill"]]) if "prefill" in index else 0.0
+    squared = float(coeffs[index["squared"]]) if "squared" in index else 0.0
     intercept = float(coeffs[0])
     return (PrefillCoeffs(intercept + prefill_extra, float(coeffs[3]), float(coeffs[4]), r2),
-            DecodeCoeffs(intercept, float(coeffs[1]), float(coeffs[2]), extra, r2))
+            DecodeCoeffs(intercept, float(coeffs[1]), float(coeffs[2]), extra, r2,
+                         per_seq_squared_s=squared,
+                         squared_until_batch=int(batch.max()) if squared else 0))
 
 
 @dataclass(frozen=True)

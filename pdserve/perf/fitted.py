@@ -6,6 +6,13 @@
                    + k_d * max(0, B - knee)   the GEMMs' memory-bound floor: below `knee`
                                               sequences the weights' read dominates, above it
                                               each extra token costs compute
+                   + q_d * B^2                super-linear growth with the batch, as live CPU
+                                              workers' periods show (B ~11: 19 ms, ~23: 67 ms,
+                                              ~53: 159 ms): fitted to step logs
+                                              (`fit.fit_steps`), 0 for every other model;
+                                              beyond the largest batch the fit saw (M, if
+                                              set) its tangent, q_d * (2 M B - M^2), so a
+                                              fit is not extrapolated as a parabola
   mixed batch      prefill part + decode part - min(a_p, a_d)  (one forward pass, one overhead)
   KV transfer      calls * alpha + bytes / beta
 
@@ -21,7 +28,8 @@ from `fit_*` in `pdserve.perf.fit` over profile samples: measured on the live en
 (`pdserve.perf.presets`).
 
 Because a decode step is linear in the context and the context grows by B per step (B is
-fixed within a span, so any term in B alone is a constant of the span), the time of k steps is
+fixed within a span, so any term in B alone, the super-linear one included, is a constant of
+the span), the time of k steps is
 closed-form: k*A + c_d*B*k(k-1)/2 with A the first step's time. The simulator
 uses that to advance a batch over many steps at once (`span_time_s`, `steps_done_within`).
 """
@@ -67,6 +75,8 @@ class DecodeCoeffs:
     knee_batch: int = 0  # 0: no knee term
     per_seq_above_knee_s: float = 0.0
     size_table_s: tuple[float, ...] = ()  # per batch size (entry B - 1)
+    per_seq_squared_s: float = 0.0  # q_d: seconds per B^2 (super-linear batches)
+    squared_until_batch: int = 0  # M: the tangent beyond it (0: the parabola throughout)
     # derived, not saved: a step's part that depends on the batch size alone, per size up to
     # CONSTANT_BATCHES (the simulator's hottest call reads it instead of summing the terms)
     _batch_part_s: tuple[float, ...] = field(default=(), init=False, repr=False,
@@ -84,6 +94,11 @@ class DecodeCoeffs:
         table = self.size_table_s
         if table:
             extra += table[min(max(batch_size - 1, 0), len(table) - 1)]
+        if self.per_seq_squared_s:
+            until = self.squared_until_batch
+            extra += self.per_seq_squared_s * (
+                batch_size * batch_size if not until or batch_size <= until
+                else 2 * until * batch_size - until * until)
         return self.intercept_s + extra + self.per_seq_s * batch_size
 
     def step_s(self, batch_size: int, context_tokens: int) -> float:
@@ -116,6 +131,13 @@ class PerfModel:
     # each such batch's time from it (`sim/step_noise.py`); 0 (profiles, the calibrated
     # models): every batch takes its mean
     prefill_step_cv: float = 0.0
+    # the control plane's latency per request, median and P90 (HTTP, tokenizing, pipes,
+    # streaming: what a deployment adds outside its workers' steps), measured from a live
+    # run's timeline (`pdserve profile --from-step-log`, `perf/in_situ.py`); the simulator
+    # adds it to every request's output times unless the config sets `sim.control_latency_s`
+    # (`sim/runner.py: control_latency`); 0 (profiles, the presets): none
+    control_latency_s: float = 0.0
+    control_latency_p90_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv_capacity_tokens <= 0:
@@ -124,6 +146,11 @@ class PerfModel:
         if not 0.0 <= self.prefill_step_cv <= 2.0:
             raise ValueError(f"perf model {self.name!r}: prefill_step_cv must be in [0, 2], "
                              f"got {self.prefill_step_cv}")
+        if self.control_latency_s < 0 or (self.control_latency_p90_s and
+                                          self.control_latency_p90_s < self.control_latency_s):
+            raise ValueError(f"perf model {self.name!r}: the control latency's median must "
+                             f"not be negative and its P90 0 or at least the median, got "
+                             f"{self.control_latency_s} and {self.control_latency_p90_s}")
 
     def batch_time_s(self, batch_size: int, context_tokens: int, prefill_tokens: int,
                      prefill_attn_units: int) -> float:
@@ -181,7 +208,9 @@ class PerfModel:
                        transfer=TransferCoeffs(**raw["transfer"]),
                        kv_bytes_per_token=int(raw["kv_bytes_per_token"]),
                        kv_capacity_tokens=int(raw["kv_capacity_tokens"]),
-                       prefill_step_cv=float(raw.get("prefill_step_cv", 0.0)))
+                       prefill_step_cv=float(raw.get("prefill_step_cv", 0.0)),
+                       control_latency_s=float(raw.get("control_latency_s", 0.0)),
+                       control_latency_p90_s=float(raw.get("control_latency_p90_s", 0.0)))
         except (KeyError, TypeError, json.JSONDecodeError) as err:
             raise ValueError(f"{path}: not a pdserve performance model file ({err})") from err
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -40,6 +41,14 @@ COLUMNS = ("decodes", "decode_context_tokens", "prefill_tokens", "prefill_attn_u
 StepRow = tuple[float, float, float, float, float]  # COLUMNS without the start
 ROLES_FILE = "roles-driver.csv"  # the live driver's roles over time (`live/timeline.py`)
 ROLE_COLUMNS = ("at_s", "instance", "role")
+# per request, when its first token reached the driver (`live/timeline.py`)
+REQUESTS_FILE = "requests-driver.csv"
+REQUEST_COLUMNS = ("request_id", "admitted_s", "batch_end_s", "driver_received_s")
+# per streamed request, when the HTTP server received it and sent its first text
+RESPONSES_FILE = "responses-server.csv"
+RESPONSE_COLUMNS = ("request_id", "received_s", "first_sent_s")
+# the performance model the deployment ran on (its KV and transfer figures)
+PERF_MODEL_FILE = "perf-model-driver.json"
 
 
 class StepLog:
@@ -98,10 +107,26 @@ def read_timed_steps(path: Path) -> list[tuple[StepRow, float]]:
     start was logged)."""
     rows: list[tuple[StepRow, float]] = []
     with path.open(newline="") as handle:
-        for record in csv.DictReader(handle):
-            decodes, context, tokens, units, seconds = (float(record[c]) for c in COLUMNS[:5])
-            rows.append(((decodes, context, tokens, units, seconds),
-                         float(record.get("start_s") or 0.0)))
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None:  # empty: a worker that has logged no batch yet
+            return rows
+        missing = [c for c in COLUMNS[:5] if c not in reader.fieldnames]
+        if missing:
+            raise ValueError(f"{path}: not a step log (no {', '.join(missing)} column; "
+                             f"expected {', '.join(COLUMNS)})")
+        for record in reader:
+            try:
+                decodes, context, tokens, units, seconds = (float(record[c])
+                                                            for c in COLUMNS[:5])
+                start_s = float(record.get("start_s") or 0.0)
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}: line {reader.line_num} is not a step log row: "
+                                 f"{record}") from None
+            if not (min(decodes, context, tokens, units) >= 0 and seconds > 0
+                    and math.isfinite(seconds)):
+                raise ValueError(f"{path}: line {reader.line_num}: counts must not be "
+                                 f"negative and the time must be positive, got {record}")
+            rows.append(((decodes, context, tokens, units, seconds), start_s))
     return rows
 
 
@@ -147,6 +172,28 @@ def fit_step_log_by_role(directory: Path, base: PerfModel, prefill_instance: int
                    prefill_rows)
 
 
+def rows_by_side(directory: Path) -> tuple[list[StepRow], list[StepRow]]:
+    """A deployment's logged batches as (prefill side, decode side): by the role each
+    instance held when the batch started, from the driver's role log (a mixed role's
+    batches count on both sides); without one, every worker's batches on both sides (a
+    colocated deployment, one fit)."""
+    roles = read_role_log(directory)
+    if roles:
+        return _rows_by_role(directory, roles)
+    rows = read_step_logs(_logs(directory, "*"))
+    return rows, rows
+
+
+def fit_sides(base: PerfModel, how: str, prefill_rows: list[StepRow],
+              decode_rows: list[StepRow]) -> PerfModel:
+    """`base` with prefill fitted to `prefill_rows` and decode to `decode_rows` (one fit
+    when they are the same rows), and the prefill batches' spread."""
+    prefill, decode = fit_steps(prefill_rows)
+    if decode_rows is not prefill_rows:
+        _, decode = fit_steps(decode_rows)
+    return _fitted(base, how, prefill, decode, prefill_rows)
+
+
 def _fitted(base: PerfModel, how: str, prefill: PrefillCoeffs, decode: DecodeCoeffs,
             prefill_rows: list[StepRow]) -> PerfModel:
     """`base` with fitted step costs and the spread of `prefill_rows` around them."""
@@ -161,9 +208,14 @@ def read_role_log(directory: Path) -> dict[int, list[tuple[float, Role]]]:
     roles: dict[int, list[tuple[float, Role]]] = {}
     if path.exists():
         with path.open(newline="") as handle:
-            for record in csv.DictReader(handle):
-                roles.setdefault(int(record["instance"]), []).append(
-                    (float(record["at_s"]), Role(record["role"])))
+            reader = csv.DictReader(handle)
+            for record in reader:
+                try:
+                    roles.setdefault(int(record["instance"]), []).append(
+                        (float(record["at_s"]), Role(record["role"])))
+                except (KeyError, TypeError, ValueError):
+                    raise ValueError(f"{path}: line {reader.line_num} is not a role log row "
+                                     f"({', '.join(ROLE_COLUMNS)}): {record}") from None
     for changes in roles.values():
         changes.sort(key=lambda change: change[0])
     return roles

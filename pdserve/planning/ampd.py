@@ -76,7 +76,8 @@ def idealised(perf: PerfModel) -> PerfModel:
                      per_seq_s=perf.decode.per_seq_s * 1e-3,
                      per_context_token_s=perf.decode.per_context_token_s * 1e-3,
                      batch1_extra_s=perf.decode.batch1_extra_s * 1e-3,
-                     per_seq_above_knee_s=perf.decode.per_seq_above_knee_s * 1e-3)
+                     per_seq_above_knee_s=perf.decode.per_seq_above_knee_s * 1e-3,
+                     per_seq_squared_s=perf.decode.per_seq_squared_s * 1e-3)
     return replace(perf, name=f"{perf.name} (idealised)", prefill=prefill, decode=decode,
                    kv_capacity_tokens=1 << 30)
 
@@ -173,8 +174,8 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ValueError("pdserve plan --policy ampd needs --gpus (the GPUs to deploy on)")
     if args.gpus < 2:
         raise ValueError(f"--gpus must be at least 2 (one per phase), got {args.gpus}")
-    if args.processes < 1:
-        raise ValueError(f"--processes must be at least 1, got {args.processes}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     inputs = plan_inputs(config_from_args(args, plan_defaults()), args.gpus)
     started = time.perf_counter()
     print(f"planning {inputs.model} on {inputs.gpus} {inputs.gpu} GPUs for {inputs.workload} "
@@ -183,14 +184,14 @@ def run_plan(args: argparse.Namespace) -> int:
     degrees = feasible_degrees(inputs)
     if degrees:
         print(f"priced by {inputs.perf(degrees[0]).name}", flush=True)
-    deployments = plan(inputs, args.processes, max(args.top, args.verify))
+    deployments = plan(inputs, args.jobs, max(args.top, args.verify))
     print(f"top {min(args.top, len(deployments))} deployments by the ILP (Z = worse phase's "
           f"p95 latency / its SLO), {time.perf_counter() - started:.1f}s:")
     for rank, deployment in enumerate(deployments[:args.top], 1):
         print(f"  {rank}. {deployment.describe()}  Z={deployment.z:.3g} (prefill "
               f"{deployment.tau_prefill:.3g}, decode {deployment.tau_decode:.3g})")
     if args.verify > 0:
-        checked = verify(inputs, deployments[:args.verify], args.processes)
+        checked = verify(inputs, deployments[:args.verify], args.jobs)
         print(f"the ILP's {len(checked)} best, simulated as whole clusters under ampd, "
               f"{time.perf_counter() - started:.1f}s:")
         for rank, (deployment, attainment) in enumerate(checked[:args.top], 1):
@@ -216,16 +217,18 @@ def write_outputs(out: Path, inputs: PlanInputs, deployments: Sequence[Deploymen
         "deployments": [{**asdict(d), "gpus_used": d.gpus, "describe": d.describe(),
                          **({"slo_attainment": attained[d]} if d in attained else {})}
                         for d in deployments]}
-    write_plan(out, "pdserve plan: AMPD deployments", f"{inputs.model} on {inputs.gpus} "
-               f"{inputs.gpu} GPUs, {inputs.workload} at {inputs.rate_sps:g} sessions/s",
-               document, pareto_figure(
+    written = write_plan(out, "pdserve plan: AMPD deployments",
+               f"{inputs.model} on {inputs.gpus} {inputs.gpu} GPUs, {inputs.workload} at "
+               f"{inputs.rate_sps:g} sessions/s",
+               document, [("pareto", pareto_figure(
                    "deployments: each phase's p95 latency / its SLO (lower is better; "
                    "colour: Z)", labels, [d.tau_prefill for d in deployments],
                    [d.tau_decode for d in deployments], "prefill p95 / TTFT SLO",
-                   "decode p95 / ITL SLO", [d.z for d in deployments], "Z"),
+                   "decode p95 / ITL SLO", [d.z for d in deployments], "Z"))],
                table("the ILP's deployments, best Z first", [
                    "rank", "deployment", "GPUs", "Z", "prefill tau", "decode tau",
                    "simulated attainment"], [
                    [rank, d.describe(), d.gpus, d.z, d.tau_prefill, d.tau_decode,
                     attained.get(d, float("nan"))] for rank, d in enumerate(deployments, 1)]),
                [("deployments", str(len(deployments)))])
+    print(f"wrote {out}/: {', '.join(written)}")

@@ -1,12 +1,14 @@
 """`pdserve plan --policy NAME ...`: the planners, keyed by the policy they configure.
 
 Each planner is a module of this package with a `run(args) -> int` entry; `PLANNERS` maps a
-policy name to it. The workload, model, GPU and SLOs are config values (`pdserve.config`),
-set by `--config FILE` and the options; each planner starts from its own base config
-(`PLANNER_CONFIGS`: taichi from the simulate defaults, ampd from AMPD's setting), and the
-planners' own options default per planner (`PLANNER_DEFAULTS`), so one subcommand serves
-both without either's defaults leaking into the other. `pdserve.cli` needs one call,
-`add_plan_parser`.
+policy name to it: `all` (the default) and every search space by name go to the
+multi-fidelity planner over every preset (`planner.py`); `taichi` and `ampd` keep their
+papers' own planners (the slider grid, the ILP over simulated replicas). The workload,
+model, GPU and SLOs are config values (`pdserve.config`), set by `--config FILE` and the
+options; each planner starts from its own base config (`PLANNER_CONFIGS`: taichi and all
+from the simulate defaults, ampd from AMPD's setting), and the planners' own options default
+per planner (`PLANNER_DEFAULTS`), so one subcommand serves them all without one's defaults
+leaking into another's. `pdserve.cli` needs one call, `add_plan_parser`.
 """
 
 from __future__ import annotations
@@ -19,19 +21,27 @@ from typing import Any
 
 from pdserve.config import Config
 from pdserve.config_flags import PERF_SOURCE_FLAGS, Flag, add_flags, shown_default
-from pdserve.planning import ampd, taichi
+from pdserve.planning import ampd, planner, taichi
+from pdserve.policies.search_spaces import SEARCH_SPACES, spaces_for
 
 PLANNERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "taichi": taichi.run,
     "ampd": ampd.run_plan,
+    "all": planner.run,
 }
+# any other search space (or a preset with the same composition) by name: planner.run
+SPACE_NAMES = [name for space in SEARCH_SPACES.values() for name in (space.name, *space.same_as)
+               if name not in PLANNERS]
 PLANNER_CONFIGS: dict[str, Callable[[], Config]] = {  # where each planner's config starts
     "taichi": taichi.plan_defaults,
     "ampd": ampd.plan_defaults,
+    "all": planner.plan_defaults,
 }
 PLANNER_DEFAULTS: dict[str, dict[str, Any]] = {  # the planners' own options
-    "taichi": {"top": 5},
-    "ampd": {"top": 3},
+    "taichi": {"top": 5, "time_limit": 600.0, "jobs": 2, "verify": 0},
+    "ampd": {"top": 3, "time_limit": 600.0, "jobs": 2, "verify": 0},
+    # about a minute and a half on 2 cores, all of them (jobs None: os.cpu_count())
+    "all": {"top": 5, "time_limit": 85.0, "jobs": None, "verify": 2},
 }
 
 SHARED_FLAGS = (
@@ -64,29 +74,50 @@ def per_planner(flag: Flag) -> Flag:
 
 
 def _run(args: argparse.Namespace) -> int:
-    for name, value in PLANNER_DEFAULTS[args.policy].items():
+    planner_name = args.policy if args.policy in PLANNERS else "all"
+    if planner_name == "all":
+        spaces_for(args.policy, sessions=True)  # an unknown name is an error now
+    for name, value in PLANNER_DEFAULTS[planner_name].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    return PLANNERS[args.policy](args)
+    return PLANNERS[planner_name](args)
 
 
 def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "plan", help="search a policy's configuration or deployment by simulation",
-        description="taichi: search its sliders R_PD, S_P, S_D by simulating the workload and "
-        "print the best configurations with their goodput. ampd: the ILP of AMPD Eq. 5 over "
-        "prefill/decode parallel degrees and replicas, latencies by simulation.")
-    p.add_argument("--policy", required=True, choices=list(PLANNERS))
+        "plan", help="search policies, deployments and knobs by screen and simulation",
+        description="all (default): every preset and composition across papers, each "
+        "deployment (tensor-parallel degree, split, chunk size) and knob: an analytic screen, "
+        "short simulations of each policy's best, long multi-seed confirmations of the few "
+        "best; the table per policy, the winner, a Pareto plot and the winner's config. A "
+        "search space's name searches that one alone. taichi: search its sliders R_PD, S_P, S_D by "
+        "simulating the workload. ampd: the ILP of AMPD Eq. 5 over prefill/decode parallel "
+        "degrees and replicas, latencies by simulation.")
+    p.add_argument("--policy", default="all", metavar="POLICY",
+                   help=f"all, taichi, ampd, or search spaces, comma-separated "
+                   f"({', '.join(SPACE_NAMES)}) [all]")
     shared = p.add_argument_group("shared (each planner has its own defaults)")
     add_flags(shared, [per_planner(flag) for flag in SHARED_FLAGS], Config())
     add_flags(shared, PERF_SOURCE_FLAGS, Config())  # the same default for both planners
     shared.add_argument("--config", type=Path, help="YAML file of the config tree (the "
                         "workload, model, SLOs); options override it")
+    shared.add_argument("--gpus", type=int, help="GPUs to deploy on (ampd: required) "
+                        f"[all: {planner.DEFAULT_GPUS}]")
     shared.add_argument("--top", type=int, help="results to print [taichi: 5, ampd: 3]")
-    shared.add_argument("--processes", type=int, default=2,
-                        help="simulations in parallel [2]")
-    shared.add_argument("--out", type=Path, help="write summary.json (every candidate) and "
-                        "report.html (their Pareto plot and table) here")
+    shared.add_argument("--out", type=Path, help="taichi, ampd: write summary.json (every "
+                        "candidate) and report.html (their Pareto plot and table) here; all: "
+                        "winner.yaml (for simulate/serve --config), pareto.png, pareto.json, "
+                        "summary.json (the --json record) and report.html")
+    shared.add_argument("--jobs", "--processes", dest="jobs", type=int,
+                        help="simulations in parallel [taichi, ampd: 2; all: the CPUs]")
+    shared.add_argument("--time-limit", type=float, help="seconds; what is not done by then "
+                        "is skipped (taichi: the search; all: the whole command) [taichi: "
+                        "600, all: 85]")
+    shared.add_argument("--verify", type=int, metavar="K", help="all: confirm the K "
+                        "policies with the best short runs by long multi-seed runs; ampd: "
+                        "simulate the ILP's K best deployments as whole clusters under ampd "
+                        "and rank them by SLO attainment (pdserve's addition) [all: 2, ampd: 0]")
+    shared.add_argument("--no-progress", action="store_true", help="no progress bar")
     tc = p.add_argument_group("taichi")
     add_flags(tc, TAICHI_FLAGS, Config())
     cluster = Config().cluster
@@ -96,12 +127,11 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
                     help="S_P candidates, tokens, comma-separated [256,512,1024,2048]")
     tc.add_argument("--d-chunk-sizes", default="0,64,128,256,512",
                     help="S_D candidates (0: disaggregation) [0,64,128,256,512]")
-    tc.add_argument("--time-limit", type=float, default=600.0,
-                    help="seconds; configurations not done by then are skipped [600]")
-    tc.add_argument("--no-progress", action="store_true", help="no progress bar")
-    am = p.add_argument_group("ampd")
-    am.add_argument("--gpus", type=int, help="GPUs to deploy on (required)")
-    am.add_argument("--verify", type=int, default=0, metavar="K",
-                    help="simulate the ILP's K best deployments as whole clusters under ampd "
-                    "and rank them by SLO attainment (pdserve's addition) [0: off]")
+    every = p.add_argument_group("all")
+    every.add_argument("--shortlist", type=int, default=2,
+                       help="short simulations per policy [2]")
+    every.add_argument("--seeds", type=int, default=3,
+                       help="long samples per confirmed candidate (trace windows or "
+                       "synthetic seeds) [3]")
+    every.add_argument("--json", type=Path, help="write the plan's record here")
     p.set_defaults(handler=_run)

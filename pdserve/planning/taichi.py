@@ -157,13 +157,13 @@ def run(args: argparse.Namespace) -> int:
     points = slider_grid(instances, _sizes(args.chunk_sizes, "--chunk-sizes"),
                          _sizes(args.d_chunk_sizes, "--d-chunk-sizes"))
     print(f"taichi slider search: {len(points)} settings of {instances} instances, "
-          f"{args.processes} processes, at most {args.time_limit:g}s; SLO TTFT "
+          f"{args.jobs} processes, at most {args.time_limit:g}s; SLO TTFT "
           f"{base.slo.ttft_s:g}s TPOT {base.slo.tpot_s:g}s, {base.perf.model} on {base.perf.gpu}")
     print(f"priced by {load_perf_model(base).name}")
     started = time.monotonic()
     bar = tqdm(total=len(points), unit="setting", desc="plan", disable=True if
                args.no_progress else None)
-    results = search(base, points, args.processes, args.time_limit, lambda r: bar.update())
+    results = search(base, points, args.jobs, args.time_limit, lambda r: bar.update())
     bar.close()
     skipped = len(points) - len(results)
     print(f"{len(results)} settings simulated in {time.monotonic() - started:.0f}s"
@@ -197,16 +197,18 @@ def write_outputs(out: Path, base: Config, results: Sequence[PlanResult]) -> Non
          "goodput_rps": r.goodput_rps, "attainment": r.attainment,
          "ttft_p90_s": None if math.isnan(r.ttft_p90_s) else r.ttft_p90_s,
          "tpot_p90_s": None if math.isnan(r.tpot_p90_s) else r.tpot_p90_s} for r in results]}
-    write_plan(out, "pdserve plan: taichi sliders", f"{base.perf.model} on {base.perf.gpu}; "
-               f"SLO TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s:g} s; each setting at its own "
-               f"goodput rate", document, pareto_figure(
+    written = write_plan(out, "pdserve plan: taichi sliders",
+               f"{base.perf.model} on {base.perf.gpu}; SLO TTFT {slo.ttft_s:g} s, TPOT "
+               f"{slo.tpot_s:g} s; each setting at its own goodput rate", document,
+               [("pareto", pareto_figure(
                    "TaiChi settings: latency against the SLOs at their goodput (lower is "
                    "better; colour: goodput)", labels, [r.ttft_p90_s / slo.ttft_s for r in results],
                    [r.tpot_p90_s / slo.tpot_s for r in results], "TTFT p90 / SLO",
-                   "TPOT p90 / SLO", [r.goodput_rps for r in results], "goodput req/s"),
+                   "TPOT p90 / SLO", [r.goodput_rps for r in results], "goodput req/s"))],
                table("every setting, best goodput first", ["rank", "setting", "mode",
                      "goodput req/s", "attainment", "TTFT p90 s", "TPOT p90 s"],
                      [[rank, r.point.label, r.point.mode, r.goodput_rps, r.attainment,
                        r.ttft_p90_s, r.tpot_p90_s] for rank, r in enumerate(results, 1)]),
                [("settings", str(len(results))),
                 ("best goodput", f"{results[0].goodput_rps:.2f} req/s" if results else "-")])
+    print(f"wrote {out}/: {', '.join(written)}")

@@ -191,11 +191,12 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
                            headers={"Retry-After": "1"}) from err
         return choices
 
-    async def respond(request: Request, prepared: Prepared, chat: bool) -> Response:
+    async def respond(request: Request, prepared: Prepared, chat: bool,
+                      received_s: float) -> Response:
         choices = admit(prepared, chat, session_key(request, len(prepared.params)))
         rid = choices[0].live.request.request_id
         reply = Reply(driver, prepared, choices, f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
-                      int(time.time()), name, chat)
+                      int(time.time()), name, chat, driver.timeline, received_s)
         if prepared.stream:  # a client that goes away closes the stream, which cancels
             return StreamingResponse(reply.stream(), media_type="text/event-stream")
         whole = asyncio.ensure_future(reply.whole())
@@ -302,11 +303,12 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
                                   stream=openapi.CompletionChunk),
               openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
+        received_s = time.monotonic()  # the control plane's latency starts here
         check_key(request)
         body = await read_body(request, settings.max_body_bytes)
         prepared = await asyncio.to_thread(prepare_completion, body, name, tokenizer, limits,
                                            unknown, grammars)
-        return await respond(request, prepared, chat=False)
+        return await respond(request, prepared, chat=False, received_s=received_s)
 
     @app.post("/v1/chat/completions", response_model=None,
               responses=responses(400, 401, 404, 413, 429, 500, 503,
@@ -314,11 +316,12 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
                                   stream=openapi.ChatCompletionChunk),
               openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
+        received_s = time.monotonic()
         check_key(request)
         body = await read_body(request, settings.max_body_bytes)
         prepared = await asyncio.to_thread(prepare_chat, body, name, tokenizer, limits,
                                            template, unknown, grammars)
-        return await respond(request, prepared, chat=True)
+        return await respond(request, prepared, chat=True, received_s=received_s)
 
     @app.post("/tokenize", response_model=None,
               responses=responses(400, 401, 404, 413, ok=openapi.TokenizeResponse),

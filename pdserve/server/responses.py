@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdserve.live.driver import LiveDriver, LiveRequest
+from pdserve.live.timeline import RequestTimeline
 from pdserve.server.errors import APIError, error_body
 from pdserve.server.logprobs import LogprobFormatter, merge
 from pdserve.server.prepare import Prepared
@@ -39,6 +41,7 @@ class Choice:
     texts: list[str] = field(default_factory=list)
     logprob_parts: list[dict[str, Any]] = field(default_factory=list)
     reason: str | None = None
+    text_sent: bool = False  # a stream wrote its first text
 
 
 @dataclass
@@ -50,6 +53,10 @@ class Response:
     created: int
     model: str
     chat: bool
+    # a step-log run's timeline (`live/timeline.py`), and when the server received the
+    # request (`time.monotonic()`): the first text's send is logged there
+    timeline: RequestTimeline | None = None
+    received_s: float = 0.0
 
     def usage(self) -> dict[str, int]:
         prompt = sum(len(ids) for ids in self.prepared.prompts)
@@ -139,6 +146,14 @@ class Response:
         return {"index": choice.index, "text": text or "", "logprobs": logprobs,
                 "finish_reason": reason}
 
+    def _first_text_sent(self, choice: Choice) -> None:
+        """Log when a step-log run's request first sent text (its control plane's latency,
+        `live/timeline.py`); called after the chunk was written (the generator resumes when
+        the server asks for the next one): where the client's TTFT ends."""
+        if self.timeline is not None and not choice.text_sent:
+            choice.text_sent = True
+            self.timeline.first_sent(choice.live.client_id, self.received_s, time.monotonic())
+
     async def stream(self) -> AsyncIterator[str]:
         continuous = self.prepared.continuous_usage
         events = self.events()
@@ -153,6 +168,7 @@ class Response:
                     choice.logprobs.add(value)
                 elif kind == "text":
                     yield self._chunk([self._delta(choice, value, None)], continuous)
+                    self._first_text_sent(choice)
                 elif kind == "done":
                     if choice.logprobs is not None:
                         choice.logprobs.finish(value)

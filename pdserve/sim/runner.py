@@ -99,6 +99,17 @@ def sim_settings(config: Config, max_span_steps: int = MAX_SPAN_STEPS) -> SimSet
                        max_span_steps=max_span_steps)
 
 
+def control_latency(config: Config, perf: PerfModel) -> tuple[float, float]:
+    """The control plane's latency per request the simulator adds, (median, P90): the
+    config's `sim.control_latency_s` (its P90: `sim.control_latency_p90_s`, 0 when unset)
+    where it sets one, else the performance model's, as measured in situ (0 for the
+    presets and profiles)."""
+    sim = config.sim
+    if sim.control_latency_s is None:
+        return perf.control_latency_s, perf.control_latency_p90_s
+    return sim.control_latency_s, sim.control_latency_p90_s or 0.0
+
+
 def policy_setup(config: Config, perf: PerfModel,
                  layout: ClusterLayout | None = None) -> PolicySetup:
     """What building the config's policy needs in a simulation with `perf` (`layout`: the
@@ -157,8 +168,7 @@ class Experiment:
         models = list(perfs) or list(self.instance_perfs) or self.perf
         result = Simulator(policy, count, models, settings, topology).run(
             workload.requests(), on_progress)
-        add_control_latency(result.requests, config.sim.control_latency_s,
-                            config.sim.control_latency_p90_s, config.seed)
+        add_control_latency(result.requests, *control_latency(config, self.perf), config.seed)
         return result
 
     def summarize(self, result: SimResult) -> Summary:

@@ -23,6 +23,7 @@ from pdserve.policies.ampd.roles import AmpdRoles
 from pdserve.policies.ampd.routing import AmpdDecodeRouter, AmpdPrefillRouter
 from pdserve.policies.ampd.settings import AmpdSettings
 from pdserve.policies.base import Policy
+from pdserve.policies.search import Knob, SearchSpace
 from pdserve.types import SLO
 
 AMPD_VARIANTS: dict[str, tuple[bool, bool]] = {  # name -> (adaptive routing, reordering)
@@ -47,3 +48,16 @@ def build_ampd_policy(name: str, slo: SLO, prefill: int, decode: int,
     if reorder:
         policy.queue_order = partial(TtftAwareOrder, slo.ttft_s, settings.window)
     return policy, context
+
+
+# what `pdserve plan` searches: the split (its ILP proposes parallel degrees per phase too,
+# `pdserve.planning.proposals`) and Alg. 2's window
+SEARCH_SPACES = (
+    SearchSpace("ampd", "ampd", "AMPD", "disaggregated", knobs=(
+        Knob("policy.ampd.window", (1, 3, 8),
+             "Alg. 2: tasks looked at per dequeue; larger reorders more, postpones longer"),),
+        chunk_sizes=(2048, 8192)),
+    SearchSpace("ampd-no-reorder", "ampd-no-reorder", "AMPD", "disaggregated",
+                chunk_sizes=(2048, 8192)),
+    SearchSpace("dynamo", "dynamo", "AMPD", "disaggregated", chunk_sizes=(2048, 8192)),
+)

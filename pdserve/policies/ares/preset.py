@@ -19,6 +19,7 @@ from pdserve.perf.fitted import PerfModel
 from pdserve.policies.ares.rebalancer import AresRebalancer
 from pdserve.policies.ares.settings import AresSettings
 from pdserve.policies.base import NoRebalancing, Policy
+from pdserve.policies.search import Knob, SearchSpace
 
 ARES_PRESETS: dict[str, str] = {"vllm": "", "reschedule-current": "reschedule-current",
                                 "ares": "ares"}  # preset -> its rebalancer
@@ -42,3 +43,16 @@ def attach_rebalancer(policy: Policy, name: str, settings: AresSettings,
     policy.rebalancer = rebalancer
     policy.decode_forecast = rebalancer.forecast_settings
     return policy
+
+
+# what `pdserve plan` searches: the split, and how eagerly Alg. 1 migrates
+_THETA = Knob("policy.ares.theta", (0.05, 0.1, 0.2),
+              "overload margin: small migrates on noise, large leaves TPOT gaps")
+SEARCH_SPACES = (
+    SearchSpace("ares", "ares", "ARES", "disaggregated", knobs=(
+        _THETA, Knob("policy.ares.interval_s", (0.5, 1.0, 2.0),
+                     "rebalancing round: short reacts sooner, moves more")),
+        chunk_sizes=(2048, 8192)),
+    SearchSpace("reschedule-current", "reschedule-current", "ARES", "disaggregated",
+                knobs=(_THETA,), chunk_sizes=(2048, 8192)),
+)

@@ -10,6 +10,7 @@ from functools import partial
 from pdserve.cluster.monitor import InstanceMonitor
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.profiling import profiled_terms
+from pdserve.policies.search import Knob, SearchSpace
 from pdserve.policies.setup import PolicySetup
 
 
@@ -24,3 +25,13 @@ def arrow_context(setup: PolicySetup) -> ArrowContext:
         max_batch_size=setup.max_batch_size, min_dwell_s=setup.policy.arrow.min_dwell_s,
         monitor_cooldown_s=setup.policy.arrow.monitor_cooldown_s,
         derive_terms=derive_terms, perf=setup.perf)
+
+
+# what `pdserve plan` searches (`pdserve.policies.search`): the P:D split Arrow starts from,
+# and how long a flipped instance stays put
+SEARCH_SPACES = (
+    SearchSpace("arrow", "arrow", "Arrow", "disaggregated", knobs=(
+        Knob("policy.arrow.min_dwell_s", (2.0, 5.0, 15.0),
+             "short: pools follow bursts; long: fewer flips that a window's noise causes"),),
+        chunk_sizes=(2048, 8192)),
+)

@@ -16,6 +16,7 @@ from pdserve.policies.flowkv.context import FlowKVContext
 from pdserve.policies.flowkv.decode_router import FlowKVDecodeRouter
 from pdserve.policies.flowkv.prefill_router import FlowKVPrefillRouter
 from pdserve.policies.flowkv.role_manager import FlowKVRoleManager
+from pdserve.policies.search import Knob, SearchSpace
 from pdserve.policies.setup import PolicySetup
 from pdserve.types import Role
 
@@ -41,3 +42,12 @@ def build_flowkv(setup: PolicySetup) -> tuple[Policy, int]:
         role_manager=FlowKVRoleManager(context, roles, PhasePriority.PREFILL_FIRST),
         phase_priority=PhasePriority.PREFILL_FIRST)
     return policy, len(roles)
+
+
+# what `pdserve plan` searches: the split and the instances held back for elastic scaling
+SEARCH_SPACES = (
+    SearchSpace("flowkv", "flowkv", "FlowKV", "disaggregated", knobs=(
+        Knob("cluster.reserve", (0, 1),
+             "an instance held back: serves only when the load is extreme (Alg. 1)"),),
+        chunk_sizes=(2048, 8192)),
+)

@@ -15,6 +15,7 @@ from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
+from pdserve.policies.search import Knob, SearchSpace
 from pdserve.policies.taichi.context import TaiChiContext
 from pdserve.policies.taichi.decode_router import TaiChiDecodeRouter
 from pdserve.policies.taichi.flowing_decode import FlowingDecode
@@ -51,3 +52,15 @@ def build_taichi(perf: PerfModel, slo: SLO, p_heavy: int, d_heavy: int,
                     rebalancer=FlowingDecode(context),
                     chunk_sizes_tokens=layout.chunk_sizes_tokens)
     return policy, len(layout.roles)
+
+
+# what `pdserve plan` searches: the sliders R_PD (the split), S_P and S_D
+# (`pdserve.planning.taichi.slider_grid`: aggregation, disaggregation and the hybrids between)
+SEARCH_SPACES = (
+    SearchSpace("taichi", "taichi", "TaiChi", "taichi", knobs=(
+        Knob("policy.taichi.chunk_p_tokens", (1024, 2048, 4096),
+             "S_P: larger prefills faster on P-heavy instances, stalls their decodes longer"),
+        Knob("policy.taichi.chunk_d_tokens", (0, 128, 512),
+             "S_D: 0 is disaggregation; larger lets D-heavy instances take more prefill")),
+        chunk_sizes=()),
+)

@@ -1,0 +1,177 @@
+"""The candidates of a plan: every deployment of every search space on the GPUs given.
+
+A `Candidate` is a set of config values (dotted paths: the preset, the split, the degree, the
+chunk size, the policy's knobs) plus the `Deployment` they make, which is what the analytic
+screen prices (`screen.py`): groups of identical instances, each with its degree, token
+budget and the phases it runs. Knobs of the policy's own (Arrow's dwell, ARES's theta) do not
+change the deployment: the screen scores their candidates alike and the simulations tell
+them apart.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pdserve.config import Config
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.specs import check_tp, model_spec
+from pdserve.planning.taichi import DISAGGREGATED_CHUNK_TOKENS, slider_grid
+from pdserve.policies.search import SearchSpace
+
+DEGREES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    count: int
+    tp: int
+    chunk_tokens: int  # per-step token budget (prefill tokens and decodes together)
+    prefill: bool  # runs prefills
+    decode: bool  # runs decodes
+
+    @property
+    def gpus(self) -> int:
+        return self.count * self.tp
+
+    @property
+    def role(self) -> str:
+        return "mixed" if self.prefill and self.decode else (
+            "prefill" if self.prefill else "decode")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    groups: tuple[InstanceGroup, ...]
+
+    @property
+    def gpus(self) -> int:
+        return sum(g.gpus for g in self.groups)
+
+    @property
+    def moves_kv(self) -> bool:
+        """Prefills hand their KV to another instance (a prefill-only group exists)."""
+        return any(g.prefill and not g.decode for g in self.groups)
+
+    def describe(self) -> str:
+        return " + ".join(f"{g.count}x{g.role[0].upper()} TP{g.tp}"
+                          + (f" @{g.chunk_tokens}" if g.prefill else "") for g in self.groups)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    space: str  # the search space's name (the plan's table row)
+    values: tuple[tuple[str, Any], ...]  # config values by dotted path, in a fixed order
+    deployment: Deployment
+    proposed_by: str = ""  # "" : the grid; "ampd-ilp": AMPD's ILP (`proposals.py`)
+    # the settings of another policy that simulates exactly alike (TaiChi's aggregation
+    # points are `colocated`, sec. 3.1 of its settings): trials run once for both
+    simulates_as: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.values)
+
+    @property
+    def simulation_key(self) -> tuple[tuple[str, Any], ...]:
+        return self.simulates_as or self.values
+
+    def config(self, base: Config) -> Config:
+        return base.with_values(self.settings)
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The policy's own settings (besides the deployment's)."""
+        return {k: v for k, v in self.values if k.startswith("policy.") and k != "policy.name"}
+
+    def describe(self) -> str:
+        knobs = " ".join(f"{k.split('.')[-1]}={v}" for k, v in self.knobs.items()
+                         if not k.startswith("policy.taichi.chunk"))
+        return self.deployment.describe() + (f" {knobs}" if knobs else "")
+
+
+def feasible_degrees(model: str, gpus: int, perfs: Callable[[int], PerfModel]) -> list[int]:
+    """The tensor-parallel degrees the model divides and fits on (`perfs(tp)` builds the
+    instance's performance model or raises), within `gpus`."""
+    spec, degrees = model_spec(model), []
+    for degree in DEGREES:
+        if degree > gpus or gpus % degree:
+            continue
+        try:
+            check_tp(spec, degree)
+            perfs(degree)
+        except ValueError:
+            continue  # does not divide the heads, or the weights do not fit
+        degrees.append(degree)
+    return degrees
+
+
+def _knob_settings(space: SearchSpace, skip: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
+    knobs = [k for k in space.knobs if k.path not in skip]
+    for combo in itertools.product(*(k.values for k in knobs)):
+        yield dict(zip((k.path for k in knobs), combo, strict=True))
+
+
+def _candidate(space: SearchSpace, values: Mapping[str, Any], deployment: Deployment
+               ) -> Candidate:
+    merged = {"policy.name": space.preset, **space.fixed, **values}
+    return Candidate(space.name, tuple(merged.items()), deployment)
+
+
+def enumerate_candidates(space: SearchSpace, gpus: int, degrees: list[int]) -> list[Candidate]:
+    """Every deployment of `space` on `gpus` GPUs (all in use) at each degree."""
+    found: list[Candidate] = []
+    for tp in degrees:
+        instances = gpus // tp
+        if space.shape == "colocated":
+            for chunk, knobs in itertools.product(space.chunk_sizes, _knob_settings(space)):
+                found.append(_candidate(space, {
+                    "perf.tp": tp, "cluster.instances": instances,
+                    "instance.chunk_size_tokens": chunk, **knobs},
+                    Deployment((InstanceGroup(instances, tp, chunk, True, True),))))
+        elif space.shape == "disaggregated":
+            for chunk, knobs in itertools.product(space.chunk_sizes, _knob_settings(space)):
+                serving = instances - int(knobs.get("cluster.reserve", 0))
+                for prefill in range(1, serving):
+                    decode = serving - prefill
+                    found.append(_candidate(space, {
+                        "perf.tp": tp, "cluster.prefill": prefill, "cluster.decode": decode,
+                        "instance.chunk_size_tokens": chunk, **knobs},
+                        Deployment((InstanceGroup(prefill, tp, chunk, True, False),
+                                    InstanceGroup(decode, tp, chunk, False, True)))))
+        else:
+            found.extend(_taichi_candidates(space, instances, tp))
+    return found
+
+
+def _taichi_candidates(space: SearchSpace, instances: int, tp: int) -> list[Candidate]:
+    if instances < 2:
+        return []
+    values = {k.path: k.values for k in space.knobs}
+    points = slider_grid(instances, values["policy.taichi.chunk_p_tokens"],
+                         values["policy.taichi.chunk_d_tokens"])
+    others = ("policy.taichi.chunk_p_tokens", "policy.taichi.chunk_d_tokens")
+    found = []
+    for point, knobs in itertools.product(points, _knob_settings(space, others)):
+        settings = {"perf.tp": tp, "cluster.prefill": max(1, point.p_heavy),
+                    "cluster.decode": point.d_heavy - (point.p_heavy == 0),
+                    "policy.taichi.chunk_p_tokens": point.chunk_p_tokens,
+                    "policy.taichi.chunk_d_tokens": point.chunk_d_tokens, **knobs}
+        twin: dict[str, Any] = {}
+        if point.mode == "aggregation":
+            groups = (InstanceGroup(instances, tp, point.chunk_p_tokens, True, True),)
+            if not knobs:
+                twin = {"policy.name": "colocated", "perf.tp": tp,
+                        "cluster.instances": instances,
+                        "instance.chunk_size_tokens": point.chunk_p_tokens}
+        elif point.mode == "disaggregation":
+            groups = (InstanceGroup(point.p_heavy, tp, DISAGGREGATED_CHUNK_TOKENS, True, False),
+                      InstanceGroup(point.d_heavy, tp, point.chunk_p_tokens, False, True))
+        else:
+            groups = (InstanceGroup(point.p_heavy, tp, point.chunk_p_tokens, True, True),
+                      InstanceGroup(point.d_heavy, tp, point.chunk_d_tokens, True, True))
+        candidate = _candidate(space, settings, Deployment(groups))
+        found.append(replace(candidate, simulates_as=tuple(twin.items())))
+    return found

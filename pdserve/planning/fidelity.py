@@ -1,0 +1,170 @@
+"""The planner's simulated fidelities: a candidate's goodput on a sample of the workload.
+
+A `Fidelity` says how long a run's arrivals last at the rate the trial expects (so a run
+reaches the steady state whatever the deployment's rate: N = duration x guessed rate, the
+duration at least a number of request lifetimes,
+requests, rounded to a power of 2^(1/4) so samples are shared) and how finely its goodput
+search ends; `WorkloadSamples` turns (fidelity, seed, N) into the config values that select
+that sample, so every figure the planner reports is a `pdserve simulate` of a config it can
+write out:
+  a trace      seed k of S is the window of N requests starting at the (k + 1/2)/S point of
+               the trace (`workload.start_s`, `workload.max_requests`)
+  synthetic    seed k draws N requests with seed base + k
+  sessions     seed k draws N/8 sessions with seed base + k
+`evaluate(trial)` runs one trial in a worker process: the goodput search
+(`metrics.goodput.search_goodput`) started at the trial's guess, stepping by `Fidelity.step`,
+and the latencies at the rate found.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pdserve.config import Config
+from pdserve.metrics.goodput import search_goodput
+from pdserve.metrics.summary import Summary
+from pdserve.planning.candidates import Candidate
+from pdserve.sim.runner import Experiment, load_perf_model, load_workload
+from pdserve.workload.sessions import is_session_workload
+from pdserve.workload.workload import Workload
+
+SESSION_ROUNDS = 8  # requests per session assumed when sizing a session sample
+SEARCH_RANGE = 64.0  # the goodput search may end this far from its guess, either way
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    name: str  # "short" or "long"
+    duration_s: float  # of arrivals at the guessed rate, per run, at least
+    min_requests: int
+    rel_tol: float  # the goodput search stops within this
+    step: float = 1.25  # the bracket's growth from the guess
+    # and at least this many request lifetimes (mean output tokens x the TPOT SLO): the
+    # decode batch fills over one, so a run of a few is mostly steady state
+    lifetimes: float = 0.0
+
+    def requests(self, guess_rps: float, lifetime_s: float = 0.0) -> int:
+        duration_s = max(self.duration_s, self.lifetimes * lifetime_s)
+        wanted = max(self.min_requests, duration_s * guess_rps)
+        return int(round(2 ** (round(4 * math.log2(wanted)) / 4)))
+
+
+@dataclass(frozen=True)
+class Trial:
+    key: int  # the candidate's index in the plan
+    candidate: Candidate
+    fidelity: Fidelity
+    seed: int
+    guess_rps: float  # where the goodput search starts (the screen's, or a shorter run's)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    key: int
+    fidelity: str
+    seed: int
+    goodput_rps: float
+    ttft_p50_s: float  # at the goodput rate (nan when it is 0)
+    ttft_p90_s: float
+    tpot_p50_s: float
+    tpot_p90_s: float
+    runs: int  # simulations the search took
+    requests: int  # replayed by the run at the goodput rate
+    wall_s: float
+    error: str = ""  # why the trial could not run (its goodput is then 0)
+
+
+class WorkloadSamples:
+    """The base config's workload and its samples by (fidelity, seed); one per process."""
+
+    def __init__(self, base: Config, seeds: int) -> None:
+        self.base, self.seeds = base, seeds
+        self.full = load_workload(base)
+        self.lifetime_s = float(self.full.output_tokens.mean()) * base.slo.tpot_s
+        self._cache: dict[tuple[str, int, int], Workload] = {}
+
+    def values(self, fidelity: Fidelity, seed: int, count: int) -> dict[str, Any]:
+        """The config values that select sample `seed` of `fidelity`, `count` requests."""
+        w = self.base.workload
+        if w.trace == "synthetic":
+            return {"seed": self.base.seed + seed,
+                    "workload.synthetic_requests": min(count, w.synthetic_requests)}
+        if is_session_workload(w.trace):
+            return {"seed": self.base.seed + seed, "workload.synthetic_requests": max(
+                2, min(w.synthetic_requests, count // SESSION_ROUNDS))}
+        full = self.full
+        if len(full) <= count:
+            return {}
+        samples = self.seeds if fidelity.name == "long" else 1
+        first = round((seed + 0.5) / samples * (len(full) - count))
+        offset = float(full.arrival_s[first] - full.arrival_s[0])
+        return {"workload.start_s": w.start_s + math.floor(offset * 1e6) / 1e6,
+                "workload.duration_s": None, "workload.max_requests": count}
+
+    def workload(self, fidelity: Fidelity, seed: int, count: int) -> Workload:
+        key = (fidelity.name, seed, count)
+        if key not in self._cache:
+            values = self.values(fidelity, seed, count)
+            self._cache[key] = (load_workload(self.base.with_values(values)) if values
+                                else self.full)
+        return self._cache[key]
+
+
+def run_trial(trial: Trial, samples: WorkloadSamples) -> TrialResult:
+    """The goodput search over absolute rates: each rate replays its own sample, long
+    enough for `trial.fidelity.duration_s` of arrivals at that rate."""
+    started = time.perf_counter()
+    fidelity, seed = trial.fidelity, trial.seed
+    reference_rps = samples.full.mean_rate_rps  # the search's scale 1
+    config = trial.candidate.config(samples.base)
+    perf = load_perf_model(config)
+    experiments: dict[int, Experiment] = {}
+
+    def experiment_at(rate_rps: float) -> Experiment:
+        count = fidelity.requests(rate_rps, samples.lifetime_s)
+        if count not in experiments:
+            experiments[count] = Experiment(
+                config.with_values(samples.values(fidelity, seed, count)),
+                samples.workload(fidelity, seed, count), perf)
+        return experiments[count]
+
+    def run(scale: float) -> Summary:
+        rate_rps = scale * reference_rps
+        experiment = experiment_at(rate_rps)
+        return experiment.summarize(experiment.simulate(
+            rate_rps / experiment.workload.mean_rate_rps))
+
+    result = search_goodput(run, reference_rps, config.goodput.target, fidelity.rel_tol,
+                            max_doublings=math.ceil(math.log(SEARCH_RANGE, fidelity.step)),
+                            start_scale=max(trial.guess_rps, 1e-3) / reference_rps,
+                            step=fidelity.step)
+    at = [p.summary for p in result.points if p.rate_scale == result.rate_scale]
+    nan = math.nan
+    ttft = (at[0].ttft_s.p50, at[0].ttft_s.p90) if at else (nan, nan)
+    tpot = (at[0].tpot_s.p50, at[0].tpot_s.p90) if at else (nan, nan)
+    requests = len(experiment_at(result.rate_rps).workload) if result.rate_rps > 0 else 0
+    return TrialResult(trial.key, fidelity.name, seed, result.rate_rps, *ttft, *tpot,
+                       len(result.points), requests, time.perf_counter() - started)
+
+
+_SAMPLES: WorkloadSamples | None = None
+
+
+def init_worker(base: Config, seeds: int) -> None:
+    """A worker process's samples, loaded once."""
+    global _SAMPLES
+    _SAMPLES = WorkloadSamples(base, seeds)
+
+
+def evaluate(trial: Trial) -> TrialResult:
+    """`run_trial` in a worker process set up by `init_worker`."""
+    assert _SAMPLES is not None, "evaluate runs in a worker set up by init_worker"
+    try:
+        return run_trial(trial, _SAMPLES)
+    except ValueError as err:  # a config the simulator refuses: reported, not fatal
+        nan = math.nan
+        return TrialResult(trial.key, trial.fidelity.name, trial.seed, 0.0, nan, nan, nan,
+                           nan, 0, 0, 0.0, f"{trial.candidate.space}: {err}")

@@ -1,0 +1,176 @@
+"""`pdserve plan --policy all` (or one search space by name): which policy and which
+deployment, for this workload, these SLOs, this many GPUs of this type.
+
+Every search space (`pdserve.policies.search_spaces`: each preset's, and the compositions
+across papers) is enumerated on the GPUs (`candidates.py`), AMPD's ILP adds its deployments
+(`proposals.py`), and the multi-fidelity search (`multi_fidelity.py`) screens, shortlists
+and confirms them with the same budget per space. The outcome (`outcome.py`) is printed
+(`report.py`), and with `--out DIR` written as the winner's config (`winner.yaml`), the
+Pareto plot (`pareto.png`) and its data (`pareto.json`), the record (`summary.json`) and
+`report.html`; `--json FILE` writes the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import lru_cache
+from pathlib import Path
+
+from pdserve.config import Config
+from pdserve.config_flags import config_from_args
+from pdserve.perf.fitted import PerfModel
+from pdserve.planning.candidates import Candidate, enumerate_candidates, feasible_degrees
+from pdserve.planning.fidelity import Fidelity
+from pdserve.planning.multi_fidelity import MultiFidelitySearch, SearchBudget, SearchOutcome
+from pdserve.planning.outcome import (
+    pareto_points,
+    policy_rows,
+    screen_error,
+    verdict,
+)
+from pdserve.planning.progress import ProgressLine
+from pdserve.planning.proposals import ampd_ilp_candidates
+from pdserve.planning.report import (
+    format_screen_error,
+    format_table,
+    format_verdict,
+    plan_json,
+    winner_config,
+    write_config,
+    write_plan_report,
+)
+from pdserve.planning.screen import Screen, WorkloadShape
+from pdserve.policies.search_spaces import spaces_for
+from pdserve.sim.runner import load_perf_model, load_workload
+from pdserve.workload.sessions import is_session_workload
+
+DEFAULT_GPUS = 8
+OUTPUT_S = 3.0  # kept back from the time limit for the outcome (the plot takes seconds)
+# a run's arrivals last this long at the rate expected, and at least this many request
+# lifetimes (mean output x TPOT SLO). The decode batch takes a lifetime and more to fill: on
+# azure-conv, 8 x H100, colocated, the attainment at 200 req/s falls from 86 % over 1,500
+# requests to 34 % over 3,000 and 14 % over 6,000; on 4000/500-token requests, a plan whose
+# runs lasted 40 s put the goodput at 32.8 req/s [31.2, 34.5], a run of 4,000 (140 s) at 29.1
+SHORT = Fidelity("short", duration_s=20.0, min_requests=400, rel_tol=0.1, step=1.2,
+                 lifetimes=0.5)
+LONG = Fidelity("long", duration_s=40.0, min_requests=1000, rel_tol=0.04, step=1.15,
+                lifetimes=2.0)
+
+def plan_defaults() -> Config:
+    """Where `pdserve plan --policy all` starts: the simulate defaults."""
+    return Config()
+
+
+def perf_by_degree(base: Config) -> Callable[[int], PerfModel]:
+    """An instance's performance model at each degree, as the simulator loads it."""
+    return lru_cache(maxsize=None)(
+        lambda tp: load_perf_model(base.with_values({"perf.tp": tp})))
+
+
+def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> list[Candidate]:
+    sessions = is_session_workload(base.workload.trace)
+    degrees = ([base.perf.tp] if base.perf.tp else
+               feasible_degrees(base.perf.model, gpus, screen.perf))
+    if not degrees:
+        raise ValueError(f"{base.perf.model} fits no tensor-parallel degree on {gpus} "
+                         f"{base.perf.gpu} GPUs")
+    candidates: list[Candidate] = []
+    for space in spaces_for(policy, sessions):
+        found = enumerate_candidates(space, gpus, degrees)
+        if space.preset == "ampd" and space.name == "ampd":
+            found += ampd_ilp_candidates(space, found, gpus, base.perf.gpu, screen)
+        candidates += found
+    if not candidates:
+        raise ValueError(f"no deployment of {policy!r} fits {gpus} GPUs")
+    return candidates
+
+
+def search(base: Config, policy: str, gpus: int,
+           budget: SearchBudget | Callable[[], SearchBudget],
+           progress: ProgressLine | None = None) -> tuple[SearchOutcome, int]:
+    """The search's records and the configurations it evaluated (screened). `budget` may be
+    made once the candidates are screened (so its time limit counts what that took)."""
+    shape = WorkloadShape.of(load_workload(base))
+    screen = Screen(perf_by_degree(base), shape, base.slo.targets(), base.goodput.target,
+                    base.instance.max_batch_size)
+    candidates = build_candidates(base, policy, gpus, screen)
+    for candidate in candidates:
+        screen.estimate(candidate.deployment)
+    runner = MultiFidelitySearch(base, candidates, screen,
+                                 budget if isinstance(budget, SearchBudget) else budget(),
+                                 progress.update if progress else None)
+    return runner.run(), len(candidates)
+
+
+def budget_from_args(args: argparse.Namespace, spent_s: float = 0.0) -> SearchBudget:
+    """`--time-limit` covers the whole command: the search gets what is left of it after
+    `spent_s` (loading, screening) and `OUTPUT_S` (the table, the plot, the files)."""
+    return SearchBudget(max(1.0, args.time_limit - spent_s - OUTPUT_S),
+                        args.jobs or os.cpu_count() or 1, args.shortlist, args.verify,
+                        args.seeds, SHORT, LONG)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    base = config_from_args(args, plan_defaults())
+    gpus = args.gpus or DEFAULT_GPUS
+    budget = budget_from_args(args)
+    print(f"planning {base.perf.model} on {gpus} x {base.perf.gpu} for "
+          f"{base.workload.trace} (TTFT SLO {base.slo.ttft_s:g}s, TPOT SLO "
+          f"{base.slo.tpot_s:g}s, goodput at {base.goodput.target:.0%} attainment); policy "
+          f"{args.policy}, {budget.jobs} processes, at most {args.time_limit:g}s",
+          flush=True)
+    print(f"priced by {perf_by_degree(base)(base.perf.tp or 1).name}", flush=True)
+    progress = ProgressLine(enabled=not args.no_progress)
+    outcome, evaluated = search(
+        base, args.policy, gpus,
+        lambda: budget_from_args(args, time.monotonic() - started), progress)
+    progress.close()
+    rows = policy_rows(outcome, LONG.rel_tol)
+    result = verdict(rows)
+    wall_s = time.monotonic() - started
+    short = len({r.candidate.simulation_key for r in outcome.records if r.short})
+    long = len({(r.candidate.simulation_key, t.seed) for r in outcome.records for t in r.long})
+    print(f"{evaluated} configurations screened, {short} simulated short "
+          f"(>= {SHORT.duration_s:g}s of arrivals), {long} long runs (>= "
+          f"{LONG.duration_s:g}s, "
+          f"{budget.seeds} seeds for each of the {budget.verify} best) in {wall_s:.1f}s"
+          + ("; stopped at the time limit" if outcome.stopped_at_limit else ""))
+    errors = [r.short.error for r in outcome.records if r.short and r.short.error]
+    if errors:
+        print(f"{len(errors)} trials could not run, e.g. {errors[0]}")
+    print(format_table(rows))
+    print(format_verdict(result, rows))
+    for fidelity in ("short", "long"):
+        print(format_screen_error(screen_error(outcome, fidelity)))
+    if args.out:
+        out: Path = args.out
+        out.mkdir(parents=True, exist_ok=True)
+        points = pareto_points(outcome)
+        (out / "pareto.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
+        from pdserve.planning.plot import plot_pareto
+
+        plot_pareto(out / "pareto.png", points, base.slo.targets(),
+                    f"{base.perf.model} on {gpus} x {base.perf.gpu}, {base.workload.trace}")
+        if result.winner is not None:
+            config = winner_config(base, result.winner.candidate)
+            write_config(out / "winner.yaml", config,
+                         f"pdserve plan's winner: {result.winner.space}, "
+                         f"{result.winner.candidate.describe()}\n"
+                         f"pdserve simulate --config {out / 'winner.yaml'}  (goodput search "
+                         f"on the whole workload)\npdserve serve --config "
+                         f"{out / 'winner.yaml'}")
+        written = write_plan_report(out, base, gpus, points, rows, result, plan_json(
+            evaluated, time.monotonic() - started, rows, result))
+        print(f"wrote {out}/: pareto.png, pareto.json" + (", winner.yaml" if result.winner
+                                                          else "")
+              + "".join(f", {name}" for name in written))
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            plan_json(evaluated, time.monotonic() - started, rows, result), indent=1) + "\n")
+    return 0 if result.winner is not None else 1

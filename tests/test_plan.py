@@ -1,0 +1,258 @@
+"""`pdserve plan --policy all`: the search spaces, the screen, the multi-fidelity search (time
+limit, known optimum), the JSON record and the winner's config."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from pdserve.cli import main
+from pdserve.config import Config
+from pdserve.metrics.goodput import search_goodput
+from pdserve.metrics.summary import summarize
+from pdserve.perf.presets import perf_model
+from pdserve.planning import planner
+from pdserve.planning.candidates import (
+    Deployment,
+    InstanceGroup,
+    enumerate_candidates,
+    feasible_degrees,
+)
+from pdserve.planning.fidelity import Fidelity
+from pdserve.planning.multi_fidelity import SearchBudget
+from pdserve.planning.outcome import Interval, policy_rows, verdict
+from pdserve.planning.screen import Screen, WorkloadShape
+from pdserve.policies.search_spaces import CANNOT_COMPOSE, SEARCH_SPACES, spaces_for
+from pdserve.sim.runner import Experiment, load_workload
+from pdserve.types import SLO
+
+# prompts of 4,096 tokens, 64 output tokens, TPOT SLO 12 ms on H800: a decode step of a few
+# sequences takes about 10 ms, one that also carries a prefill chunk of 256 tokens or more
+# about 15 ms, so only instances that never mix the phases serve this at a useful rate
+PREFILL_HEAVY = Config().with_values({
+    "workload.trace": "synthetic", "workload.synthetic_lengths": "fixed:4096:64",
+    "workload.synthetic_requests": 600, "workload.synthetic_rate_rps": 5.0,
+    "perf.model": "llama-3.1-8b", "perf.gpu": "h800", "perf.tp": 1,
+    "slo.ttft_s": 2.0, "slo.tpot_s": 0.012})
+# prompts of 16 tokens, 1,024 output tokens: the prefill work is nothing, so a GPU given to
+# prefill alone idles and disaggregation halves the decode capacity of 2 GPUs
+DECODE_HEAVY = PREFILL_HEAVY.with_values({
+    "workload.synthetic_lengths": "fixed:16:1024", "workload.synthetic_requests": 2000,
+    "workload.synthetic_rate_rps": 10.0, "slo.tpot_s": 0.02})
+EMPTY = summarize([], SLO(1.0, 1.0))
+
+
+def H800_8B(tp: int):  # noqa: N802 (a model, named as one)
+    return perf_model("llama-3.1-8b", "h800", tp)
+
+
+FAST_SHORT = Fidelity("short", duration_s=20.0, min_requests=200, rel_tol=0.1, step=1.2)
+FAST_LONG = Fidelity("long", duration_s=40.0, min_requests=400, rel_tol=0.05, step=1.15)
+
+
+def budget(limit_s: float, seeds: int = 2, verify: int = 2, shortlist: int = 2) -> SearchBudget:
+    return SearchBudget(limit_s, 2, shortlist, verify, seeds, FAST_SHORT, FAST_LONG)
+
+
+def test_every_space_builds_and_each_pair_that_cannot_compose_fails_for_its_reason():
+    base = PREFILL_HEAVY.with_values({"workload.synthetic_requests": 20})
+    for space in SEARCH_SPACES.values():
+        candidates = enumerate_candidates(space, 4, [1])
+        assert candidates, space.name
+        for candidate in (candidates[0], candidates[-1]):
+            result = Experiment.from_config(candidate.config(base)).simulate()
+            assert all(r.finished for r in result.requests), candidate.describe()
+    stated = [pair for pair in CANNOT_COMPOSE if pair.config]
+    assert len(stated) >= 4
+    for pair in stated:
+        with pytest.raises(ValueError):
+            Experiment.from_config(base.with_values(pair.config)).simulate()
+    assert {s.name for s in spaces_for("all", sessions=False)} == set(SEARCH_SPACES) - {
+        "continuum"}
+    assert [s.name for s in spaces_for("vllm,colocated", False)] == ["static-pd", "colocated"]
+    with pytest.raises(ValueError, match="no search space"):
+        spaces_for("nonsense", False)
+
+
+def test_candidates_use_every_gpu_at_each_degree_the_model_fits():
+    def h800(model: str):
+        return lambda tp: perf_model(model, "h800", tp)
+
+    assert feasible_degrees("llama-3.1-8b", 8, h800("llama-3.1-8b")) == [1, 2, 4, 8]
+    assert feasible_degrees("llama-3.1-70b", 8, h800("llama-3.1-70b")) == [2, 4, 8]
+    for space in SEARCH_SPACES.values():
+        for candidate in enumerate_candidates(space, 8, [1, 2, 4, 8]):
+            reserve = candidate.settings.get("cluster.reserve", 0)
+            assert candidate.deployment.gpus + reserve * candidate.settings["perf.tp"] == 8
+    static = enumerate_candidates(SEARCH_SPACES["static-pd"], 8, [1, 2])
+    # 7 + 3 splits, 2 chunk sizes
+    assert len(static) == 20
+
+
+def test_taichis_aggregation_points_share_the_colocated_runs():
+    colocated = {c.values for c in enumerate_candidates(SEARCH_SPACES["colocated"], 4, [1, 2])}
+    taichi = enumerate_candidates(SEARCH_SPACES["taichi"], 4, [1, 2])
+    twins = [c for c in taichi if c.simulates_as]
+    assert twins and all(c.simulates_as in colocated for c in twins)
+    assert all(c.deployment.groups[0].prefill and c.deployment.groups[0].decode
+               and len(c.deployment.groups) == 1 for c in twins)
+    [twin] = [c for c in twins if c.settings["perf.tp"] == 1
+              and c.settings["policy.taichi.chunk_p_tokens"] == 1024]
+    base = PREFILL_HEAVY.with_values({"workload.synthetic_requests": 60})
+    ours = summarize(Experiment.from_config(twin.config(base)).simulate().requests,
+                     SLO(2.0, 0.012))
+    theirs = summarize(Experiment.from_config(base.with_values(dict(twin.simulates_as)))
+                       .simulate().requests, SLO(2.0, 0.012))
+    assert ours == theirs
+
+
+def test_the_screen_prices_a_prefill_bound_deployment_as_the_model_does():
+    config = PREFILL_HEAVY.with_values({"workload.synthetic_lengths": "fixed:2048:1"})
+    shape = WorkloadShape.of(load_workload(config))
+    screen = Screen(H800_8B, shape, SLO(100.0, 1.0), 0.9, 256)
+    one_prefill = Deployment((InstanceGroup(1, 1, 2048, True, False),
+                              InstanceGroup(3, 1, 2048, False, True)))
+    perf = perf_model("llama-3.1-8b", "h800", 1)
+    by_hand = 1 / perf.batch_time_s(0, 0, 2048, 2048 * 2048)  # one full chunk per prompt
+    estimate = screen.estimate(one_prefill)
+    assert estimate.capacity_rps == pytest.approx(by_hand, rel=0.01)
+    two = Deployment((InstanceGroup(2, 1, 2048, True, False),
+                      InstanceGroup(2, 1, 2048, False, True)))
+    assert screen.estimate(two).capacity_rps == pytest.approx(2 * by_hand, rel=0.01)
+
+
+def test_the_screen_is_within_a_fifth_of_the_simulation_where_it_models_everything():
+    """Disaggregated, Poisson arrivals, one length: queueing is all it leaves out."""
+    shape = WorkloadShape.of(load_workload(PREFILL_HEAVY))
+    screen = Screen(H800_8B, shape, SLO(2.0, 0.012), 0.9, 256)
+    [candidate] = [c for c in enumerate_candidates(SEARCH_SPACES["static-pd"], 2, [1])
+                   if c.settings["instance.chunk_size_tokens"] == 2048]
+    simulated = Experiment.from_config(candidate.config(PREFILL_HEAVY)).goodput().rate_rps
+    estimate = screen.estimate(candidate.deployment)
+    assert estimate.goodput_rps == pytest.approx(simulated, rel=0.2)
+    assert estimate.tpot_s <= 0.012 and estimate.ttft_p90_s < 2.0
+
+
+def test_goodput_search_from_a_guess_finds_the_same_rate_in_fewer_runs():
+    def run(scale: float):  # attainment 1 up to scale 3.3, then 0
+        return replace(EMPTY, slo_attainment=1.0 if scale <= 3.3 else 0.0)
+
+    plain = search_goodput(run, 2.0, 0.9, 0.02)
+    guessed = search_goodput(run, 2.0, 0.9, 0.02, start_scale=3.0, step=1.25)
+    for result in (plain, guessed):
+        assert 3.3 / 1.02 <= result.rate_scale <= 3.3
+    assert len(guessed.points) < len(plain.points)
+    with pytest.raises(ValueError):
+        search_goodput(run, 2.0, 0.9, 0.02, step=1.0)
+
+
+def test_intervals_and_ties():
+    a = Interval.of([10.0, 11.0, 12.0])
+    assert a.mean == 11.0 and a.low < 10.0 and a.high > 12.0  # t(2) = 4.30: wide
+    assert Interval.of([5.0]).low == Interval.of([5.0]).high == 5.0
+    same_step = Interval.of([5.0, 5.0, 5.0], resolution=0.04)  # seeds on one search step
+    assert (same_step.low, same_step.high) == (5.0, pytest.approx(5.2))
+    assert a.overlaps(Interval.of([12.0, 13.0, 14.0]))
+    assert not a.overlaps(Interval.of([20.0, 20.5, 21.0]))
+
+
+def test_the_time_limit_is_honoured():
+    base = Config().with_values({"perf.gpu": "h800"})  # azure-conv on 8 GPUs: minutes of work
+    started = time.monotonic()
+    outcome, screened = planner.search(base, "all", 8, budget(4.0))
+    wall = time.monotonic() - started
+    assert screened > 300
+    assert outcome.stopped_at_limit and outcome.wall_s <= 4.0
+    assert wall < 4.0 + 3.0  # plus loading the trace and screening, before the clock starts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("base", "spaces", "disaggregated"), [
+    (PREFILL_HEAVY, "colocated,static-pd", True),
+    (DECODE_HEAVY, "colocated,static-pd,taichi", False)])
+def test_the_planner_finds_the_optimum_known_by_construction(base, spaces, disaggregated):
+    """Aggregation against disaggregation where the construction decides. (On the prefill-
+    heavy workload TaiChi's hybrid of a P-heavy and a D-heavy instance at a 128-token chunk
+    ties with disaggregation: a 128-token chunk adds ~1.5 ms to a 10 ms step.)"""
+    outcome, _ = planner.search(base, spaces, 2, budget(120.0))
+    assert not outcome.stopped_at_limit
+    rows = policy_rows(outcome)
+    result = verdict(rows)
+    assert result.winner is not None and result.winner.fidelity == "long"
+    assert result.winner.candidate.deployment.moves_kv is disaggregated
+    other_kind = [r for r in rows if r.candidate.deployment.moves_kv is not disaggregated]
+    best_other = max(other_kind, key=lambda r: r.per_gpu.mean)
+    assert result.winner.per_gpu.mean > 1.3 * best_other.per_gpu.mean  # not by a hair
+    assert best_other.space not in result.tied_with
+    if "taichi" in spaces:  # its own sliders span both ends: its best is the same kind
+        [taichi] = [r for r in rows if r.space == "taichi"]
+        assert taichi.candidate.deployment.moves_kv is disaggregated
+
+
+def test_plan_writes_its_json_record_and_a_config_that_simulate_runs(tmp_path, capsys):
+    record, out = tmp_path / "plan.json", tmp_path / "plan"
+    code = main(["plan", "--policy", "static-pd,colocated", "--gpus", "2", "--tp", "1",
+                 "--trace", "synthetic", "--synthetic-lengths", "fixed:4096:64",
+                 "--synthetic-requests", "300", "--synthetic-rate", "5", "--model",
+                 "llama-3.1-8b", "--gpu", "h800", "--ttft-slo", "2", "--tpot-slo", "0.012",
+                 "--time-limit", "60", "--jobs", "2", "--seeds", "2", "--verify", "1",
+                 "--shortlist", "1", "--no-progress", "--json", str(record), "--out",
+                 str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "winner: static-pd" in printed and "screen error" in printed
+    data = json.loads(record.read_text())
+    assert set(data) == {"configurations_evaluated", "wall_s", "winner", "policies"}
+    assert data["configurations_evaluated"] == 2 + 5  # 1P1D x 2 chunks; 2 colocated x 5
+    assert 0 < data["wall_s"] <= 60
+    winner = data["winner"]
+    assert set(winner) == {"policy", "deployment", "goodput_rps", "ci95"}
+    low, high = winner["ci95"]
+    assert low <= winner["goodput_rps"] <= high and winner["goodput_rps"] > 0
+    assert winner["deployment"]["policy.name"] == "static-pd"
+    assert [p["policy"] for p in data["policies"]][0] == "static-pd"
+    assert {"ttft_p90_s", "tpot_p50_s", "goodput_per_gpu"} <= set(data["policies"][0])
+    assert (out / "pareto.png").stat().st_size > 0
+    assert json.loads((out / "pareto.json").read_text())
+    assert json.loads((out / "summary.json").read_text())["winner"] == winner
+    page = (out / "report.html").read_text()  # plotly is a dev dependency
+    for shown in ("pareto_ttft", "pareto_tpot", "each policy's best deployment", "colocated",
+                  "static-pd"):
+        assert shown in page
+    config = Config.from_yaml(out / "winner.yaml")
+    assert config.policy.name == "static-pd" and config.goodput.search
+    assert (config.cluster.prefill, config.cluster.decode, config.perf.tp) == (1, 1, 1)
+    assert yaml.safe_load((out / "winner.yaml").read_text())["slo"]["tpot_s"] == 0.012
+    assert main(["simulate", "--config", str(out / "winner.yaml"), "--no-progress"]) == 0
+    assert "goodput" in capsys.readouterr().out
+
+
+def test_confirmations_prefer_distinct_deployments_and_challengers_follow():
+    from pdserve.planning.fidelity import TrialResult
+    from pdserve.planning.multi_fidelity import MultiFidelitySearch
+
+    shape = WorkloadShape.of(load_workload(PREFILL_HEAVY))
+    screen = Screen(H800_8B, shape, SLO(2.0, 0.012), 0.9, 256)
+    pick = {name: enumerate_candidates(SEARCH_SPACES[name], 2, [1])[0]
+            for name in ("static-pd", "round-robin", "colocated")}
+    search = MultiFidelitySearch(PREFILL_HEAVY, list(pick.values()), screen, budget(10.0, 2, 2))
+
+    def result(key: int, fidelity: str, goodput: float, seed: int = 0) -> TrialResult:
+        return TrialResult(key, fidelity, seed, goodput, 0.1, 0.2, 0.01, 0.01, 4, 100, 1.0)
+
+    for key, goodput in enumerate((10.0, 9.9, 9.0)):  # static-pd, round-robin, colocated
+        search._store(result(key, "short", goodput))
+    # round-robin has static-pd's deployment: colocated is confirmed second
+    assert search.confirm_list() == [(0, 0), (2, 0), (0, 1), (2, 1)]
+    for key, goodput in ((0, 6.0), (2, 5.0)):
+        for seed in (0, 1):
+            search._store(result(key, "long", goodput, seed))
+    # round-robin's short run (9.9) beats the best confirmed (6.0): it is next
+    assert search.challengers() == [(1, 0), (1, 1)]
+    for seed in (0, 1):
+        search._store(result(1, "long", 5.5, seed))
+    assert search.challengers() == []
