@@ -17,6 +17,9 @@ Also: the share of local and remote prefills under ampd; the planner's top three
 the best deployments found by simulating every deployment (Qwen3-32B, ToolBench, 8 GPUs);
 and the planner's wall time at 8, 64 and 256 GPUs (noisy on a shared machine).
 
+Every H20 is priced by `--backend` (default: the presets' default, the newest vLLM measured
+for the H100's tables, scaled to the H20 per bound); the header names it.
+
     python bench/ampd_repro.py            # a few minutes on 2 cores
 """
 
@@ -32,7 +35,7 @@ from pdserve.cluster.topology import GPUS_PER_NODE, Topology, gpu_link, network_
 from pdserve.config import Config
 from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.presets import perf_model
+from pdserve.perf.presets import DEFAULT_BACKEND, perf_model
 from pdserve.planning.ampd import feasible_degrees, plan
 from pdserve.planning.ampd_ilp import Deployment
 from pdserve.planning.ampd_inputs import PlanInputs, replica_sim_settings
@@ -67,6 +70,7 @@ class Case:
     load: float
     sessions: int
     tp: int
+    backend: str  # the performance source (`perf.backend`)
     ampd: AmpdSettings = AmpdSettings()  # alpha, beta, window (the paper's by default)
 
 
@@ -85,12 +89,12 @@ def base_rate_sps(perf: PerfModel, trace: str, instances: int) -> float:
 
 def run_case(case: Case) -> dict[str, float]:
     tp = case.tp
-    perf = perf_model(case.model, "h20", tp)
+    perf = perf_model(case.model, "h20", tp, case.backend)
     instances = TRACE_GPUS[case.trace] // tp
     slo = SLO(*SLOS[case.model, case.trace])
     default_tp = MODELS[case.model]
-    rate = case.load * base_rate_sps(perf_model(case.model, "h20", default_tp), case.trace,
-                                     TRACE_GPUS[case.trace] // default_tp)
+    rate = case.load * base_rate_sps(perf_model(case.model, "h20", default_tp, case.backend),
+                                     case.trace, TRACE_GPUS[case.trace] // default_tp)
     workload = session_workload(f"agent:{case.trace}", case.sessions, rate, seed=1)
     half = instances // 2
     if case.policy in AMPD_VARIANTS:
@@ -118,8 +122,8 @@ def deployment_attainment(args: tuple[Deployment, PlanInputs]) -> float:
     return cluster_attainment(*args)
 
 
-def end_to_end(pool: ProcessPoolExecutor, sessions: int) -> None:
-    cases = [Case(m, t, p, load, sessions if t != "gaia" else sessions // 2, tp)
+def end_to_end(pool: ProcessPoolExecutor, sessions: int, backend: str) -> None:
+    cases = [Case(m, t, p, load, sessions if t != "gaia" else sessions // 2, tp, backend)
              for m in MODELS for t in TRACE_GPUS for tp in TP_CHOICES[m]
              if TRACE_GPUS[t] // tp >= 2 for load in LOADS for p in POLICIES]
     results = dict(zip(cases, pool.map(run_case, cases), strict=True))
@@ -154,16 +158,16 @@ def end_to_end(pool: ProcessPoolExecutor, sessions: int) -> None:
         print(f"  vs {p}: {mean:+.0%} over {len(values)} cases")
 
 
-def planner_vs_exhaustive(pool: ProcessPoolExecutor, sessions: int) -> None:
-    rate = 1.6 * base_rate_sps(perf_model("qwen3-32b", "h20", 2), "toolbench", 4)
+def planner_vs_exhaustive(pool: ProcessPoolExecutor, sessions: int, backend: str) -> None:
+    rate = 1.6 * base_rate_sps(perf_model("qwen3-32b", "h20", 2, backend), "toolbench", 4)
     inputs = PlanInputs("qwen3-32b", "h20", 8, SLO(*SLOS["qwen3-32b", "toolbench"]),
-                        "agent:toolbench", sessions, rate, seed=1)
+                        "agent:toolbench", sessions, rate, seed=1, backend=backend)
     started = time.perf_counter()
     top = plan(inputs, jobs=2, top=10, progress=False)
     planned_s = time.perf_counter() - started
     checked = verify(inputs, top, jobs=2)
     verified_s = time.perf_counter() - started
-    degrees = feasible_degrees("qwen3-32b", "h20", 8)
+    degrees = feasible_degrees(inputs)
     keys = [(pn, pk, dn, dk) for pn, dn in itertools.product(degrees, repeat=2)
             for pk in range(1, 8) for dk in range(1, 8) if pn * pk + dn * dk <= 8]
     deployments = [Deployment(pn, pk, dn, dk, 0.0, 0.0, 0.0) for pn, pk, dn, dk in keys]
@@ -189,9 +193,9 @@ def planner_vs_exhaustive(pool: ProcessPoolExecutor, sessions: int) -> None:
         print(f"  {pk}P x TP{pn} + {dk}D x TP{dn}: {score:.1%}")
 
 
-def sensitivity(pool: ProcessPoolExecutor, sessions: int) -> None:
+def sensitivity(pool: ProcessPoolExecutor, sessions: int, backend: str) -> None:
     """Fig. 6: w, alpha, beta one at a time (Llama-3.1-70B, DuReader-like, 16 GPUs)."""
-    base = Case("llama-3.1-70b", "dureader", "ampd", 1.6, sessions, 8)
+    base = Case("llama-3.1-70b", "dureader", "ampd", 1.6, sessions, 8, backend)
     def with_ampd(**changes: float) -> Case:
         return replace(base, ampd=replace(base.ampd, **changes))
 
@@ -205,13 +209,13 @@ def sensitivity(pool: ProcessPoolExecutor, sessions: int) -> None:
               f"(local share {result['local_share']:.0%})")
 
 
-def planner_time(sessions: int) -> None:
+def planner_time(sessions: int, backend: str) -> None:
     print("\n## Planner wall time (2 processes; the machine is shared, so noisy)\n")
-    perf = perf_model("qwen3-32b", "h20", 2)
+    perf = perf_model("qwen3-32b", "h20", 2, backend)
     for gpus in (8, 64, 256):
         rate = 1.6 * base_rate_sps(perf, "toolbench", gpus // 2)
         inputs = PlanInputs("qwen3-32b", "h20", gpus, SLO(*SLOS["qwen3-32b", "toolbench"]),
-                            "agent:toolbench", sessions, rate, seed=1)
+                            "agent:toolbench", sessions, rate, seed=1, backend=backend)
         started = time.perf_counter()
         best = plan(inputs, jobs=2, progress=False)[0]
         print(f"  {gpus:4d} GPUs: {time.perf_counter() - started:5.1f} s -> {best.describe()}")
@@ -221,15 +225,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=80, help="sessions per run [80]")
     parser.add_argument("--skip-planner", action="store_true")
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
+                        "sglang, trtllm (@version optional) or vidur [%(default)s]")
     args = parser.parse_args()
     started = time.perf_counter()
+    for model, tp in MODELS.items():
+        print(f"{model} on H20: priced by {perf_model(model, 'h20', tp, args.backend).name}")
     with ProcessPoolExecutor(max_workers=2) as pool:
-        end_to_end(pool, args.sessions)
-        sensitivity(pool, args.sessions)
+        end_to_end(pool, args.sessions, args.backend)
+        sensitivity(pool, args.sessions, args.backend)
         if not args.skip_planner:
-            planner_vs_exhaustive(pool, args.sessions)
+            planner_vs_exhaustive(pool, args.sessions, args.backend)
     if not args.skip_planner:
-        planner_time(args.sessions)
+        planner_time(args.sessions, args.backend)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

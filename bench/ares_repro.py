@@ -1,7 +1,9 @@
 """Reproduce ARES's evaluation (`../shared/papers/ares.md`, sec. 6) in the simulator.
 
-Setup (sec. 6.1): DeepSeek-R1-Distill-Qwen-7B with W8A8 on RTX 4090D (the calibrated
-`deepseek-r1-distill-qwen-7b-w8a8 @ rtx-4090d` preset), 1 prefill + 3 decode instances,
+Setup (sec. 6.1): DeepSeek-R1-Distill-Qwen-7B with W8A8 on RTX 4090D (the
+`deepseek-r1-distill-qwen-7b-w8a8 @ rtx-4090d` preset, priced by `--backend`: by default the
+presets' default, the newest vLLM measured on the L40S scaled to the 4090D, its fp8 GEMMs
+standing for INT8 W8A8; the header names it), 1 prefill + 3 decode instances,
 one GPU per node (instances talk over a 25 Gbps link, `tcp-25g`), Poisson arrivals of the
 long-output workloads (`table:sharegpt-long`, `table:alpaca-long`; Table 2). SLOs are not
 given in the paper; pdserve uses TTFT 10 s and TPOT 30 ms (about 1.6x the paper's 18.23 ms
@@ -35,6 +37,7 @@ from pdserve.cluster.events import ClusterView
 from pdserve.cluster.roles import RoleBoard
 from pdserve.config import Config
 from pdserve.metrics.summary import Summary
+from pdserve.perf.presets import DEFAULT_BACKEND, perf_model
 from pdserve.policies.ares.rebalancer import AresRebalancer
 from pdserve.policies.base import Rebalancer
 from pdserve.policies.presets import build_policy
@@ -47,9 +50,11 @@ POLICIES = [("vllm", "history"), ("reschedule-current", "history"),
             ("ares", "noisy:mae=2000"), ("ares", "history"), ("ares", "oracle")]
 
 
-def base_config(values: dict[str, object]) -> Config:
-    """1P+3D W8A8 4090Ds, one per node on 25 Gbps, with `values` (by dotted config path)."""
+def base_config(backend: str, values: dict[str, object]) -> Config:
+    """1P+3D W8A8 4090Ds priced by `backend`, one per node on 25 Gbps, with `values` (by
+    dotted config path)."""
     return Config().with_values({
+        "perf.backend": backend,
         "workload.trace": "synthetic", "workload.synthetic_lengths": "table:sharegpt-long",
         "cluster.prefill": 1, "cluster.decode": 3, "perf.model": MODEL, "perf.gpu": GPU,
         "cluster.inter_node_link": "tcp-25g", "cluster.instances_per_node": 1,
@@ -85,7 +90,7 @@ def print_rows(rows: list[Row]) -> None:
               f"{r.p99_tpot_ms:7.1f}ms {r.preemptions:7d} {r.migrations:5d}", flush=True)
 
 
-def table_rates(requests: int, seeds: int) -> None:
+def table_rates(backend: str, requests: int, seeds: int) -> None:
     print("table 1: 1P+3D, W8A8 4090D, 25 Gbps; goodput/throughput in req/s "
           f"({requests} requests, mean of {seeds} seeds)")
     cases = [("sharegpt-long", 0.13), ("sharegpt-long", 0.15), ("sharegpt-long", 0.17),
@@ -94,13 +99,13 @@ def table_rates(requests: int, seeds: int) -> None:
         print(f" {trace} at {rate} req/s")
         rows = []
         for policy, predictor in POLICIES:
-            per_seed = [run(base_config({"policy.name": policy,
-                                         "policy.ares.forecast.predictor": predictor,
-                                         "seed": seed, "workload.synthetic_requests": requests,
-                                         "workload.synthetic_rate_rps": rate,
-                                         "workload.synthetic_lengths": f"table:{trace}"}),
-                            policy if policy != "ares" else f"ares ({predictor})")
-                        for seed in range(seeds)]
+            per_seed = [run(base_config(backend, {
+                "policy.name": policy, "policy.ares.forecast.predictor": predictor,
+                "seed": seed, "workload.synthetic_requests": requests,
+                "workload.synthetic_rate_rps": rate,
+                "workload.synthetic_lengths": f"table:{trace}"}),
+                policy if policy != "ares" else f"ares ({predictor})")
+                for seed in range(seeds)]
             rows.append(Row(per_seed[0].label,
                             *(statistics.fmean(getattr(r, f) for r in per_seed)
                               for f in ("goodput_rps", "throughput_rps", "p99_tpot_ms")),
@@ -110,7 +115,7 @@ def table_rates(requests: int, seeds: int) -> None:
         print_rows(rows)
 
 
-def table_sensitivity(requests: int) -> None:
+def table_sensitivity(backend: str, requests: int) -> None:
     print(f"table 2: ares sensitivity at 0.25 req/s sharegpt-long ({requests} requests)")
     variants: list[tuple[str, dict[str, object]]] = [
         ("defaults (theta .1, H 2000, decay .8)", {}),
@@ -123,10 +128,10 @@ def table_sensitivity(requests: int) -> None:
         ("refresh k 100", {"policy.ares.forecast.refresh_every_tokens": 100}),
     ]
     for predictor in ("oracle", "history"):
-        rows = [run(base_config({"policy.name": "ares",
-                                 "policy.ares.forecast.predictor": predictor,
-                                 "workload.synthetic_requests": requests,
-                                 "workload.synthetic_rate_rps": 0.25, **values}),
+        rows = [run(base_config(backend, {"policy.name": "ares",
+                                          "policy.ares.forecast.predictor": predictor,
+                                          "workload.synthetic_requests": requests,
+                                          "workload.synthetic_rate_rps": 0.25, **values}),
                     f"{predictor}: {label}")
                 for label, values in variants]
         print_rows(rows)
@@ -171,7 +176,8 @@ def simulate_probed(config: Config, warmup_s: float
     return experiment.summarize(result), result, probe, inner, wall
 
 
-def table_balance(sizes: list[int], duration_s: float, warmup_s: float) -> None:
+def table_balance(backend: str, sizes: list[int], duration_s: float, warmup_s: float
+                  ) -> None:
     print(f"table 3 (Fig. 12): decode instances (and one prefill per 8), 0.3 req/s per 8, "
           f"25 Gbps, {duration_s:.0f} s of arrivals; variance across decode instances of the "
           f"per-step execution time (ms^2), sampled each second after {warmup_s:.0f} s, "
@@ -182,11 +188,11 @@ def table_balance(sizes: list[int], duration_s: float, warmup_s: float) -> None:
     for size in sizes:
         rate = 0.3 * size / 8
         for policy in ("vllm", "reschedule-current", "ares"):
-            config = base_config({"policy.name": policy,
-                                  "policy.ares.forecast.predictor": "oracle",
-                                  "cluster.decode": size, "cluster.prefill": max(1, size // 8),
-                                  "workload.synthetic_requests": max(50, int(rate * duration_s)),
-                                  "workload.synthetic_rate_rps": rate})
+            config = base_config(backend, {
+                "policy.name": policy, "policy.ares.forecast.predictor": "oracle",
+                "cluster.decode": size, "cluster.prefill": max(1, size // 8),
+                "workload.synthetic_requests": max(50, int(rate * duration_s)),
+                "workload.synthetic_rate_rps": rate})
             summary, result, probe, inner, wall = simulate_probed(config, warmup_s)
             var = statistics.fmean(probe.variances_ms2) if probe.variances_ms2 else 0.0
             rounds = ""
@@ -202,7 +208,7 @@ def table_balance(sizes: list[int], duration_s: float, warmup_s: float) -> None:
                   f"{wall:7.1f}s", flush=True)
 
 
-def table_small_balance(requests: int) -> None:
+def table_small_balance(backend: str, requests: int) -> None:
     print(f"table 4 (Fig. 13): 1P+3D, sharegpt-long, {requests} requests; mean variance across "
           f"the 3 decode instances of the per-step execution time (ms^2), sampled each second "
           f"after 300 s")
@@ -210,10 +216,10 @@ def table_small_balance(requests: int) -> None:
           f"{'P99 TPOT':>9s}")
     for rate in (0.17, 0.25):
         for policy, predictor in POLICIES:
-            config = base_config({"policy.name": policy,
-                                  "policy.ares.forecast.predictor": predictor,
-                                  "workload.synthetic_requests": requests,
-                                  "workload.synthetic_rate_rps": rate})
+            config = base_config(backend, {"policy.name": policy,
+                                           "policy.ares.forecast.predictor": predictor,
+                                           "workload.synthetic_requests": requests,
+                                           "workload.synthetic_rate_rps": rate})
             summary, result, probe, _, _ = simulate_probed(config, 300.0)
             var = statistics.fmean(probe.variances_ms2) if probe.variances_ms2 else 0.0
             label = policy if policy != "ares" else f"ares ({predictor})"
@@ -231,16 +237,22 @@ def main() -> None:
                         help="seconds of arrivals in table 3")
     parser.add_argument("--warmup", type=float, default=300.0,
                         help="seconds before table 3 samples the variance")
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
+                        "sglang, trtllm (@version optional) or vidur [%(default)s]")
     args = parser.parse_args()
     tables = set(args.tables.split(","))
+    perf = perf_model(MODEL, GPU, 1, args.backend)
+    print(f"priced by {perf.name}: KV {perf.kv_capacity_tokens:,} tokens per instance",
+          flush=True)
     if "1" in tables:
-        table_rates(args.requests, args.seeds)
+        table_rates(args.backend, args.requests, args.seeds)
     if "2" in tables:
-        table_sensitivity(args.requests)
+        table_sensitivity(args.backend, args.requests)
     if "3" in tables:
-        table_balance([int(s) for s in args.sizes.split(",")], args.duration, args.warmup)
+        table_balance(args.backend, [int(s) for s in args.sizes.split(",")], args.duration,
+                      args.warmup)
     if "4" in tables:
-        table_small_balance(args.requests)
+        table_small_balance(args.backend, args.requests)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Arrow against the paper's baselines (Arrow sec. 7.1-7.2, Fig. 7), and a TPOT-SLO sweep.
 
-Llama-3.1-8B on 8 x H800 (`pdserve.perf.presets.perf_model("llama-3.1-8b", "h800", tp)`):
+Llama-3.1-8B on 8 x H800 (`pdserve.perf.presets.perf_model("llama-3.1-8b", "h800", tp,
+backend)`, `--backend`: the presets' default unless given; the capacity table names it):
   vllm-tp8       vLLM: one colocated instance over all 8 GPUs (TP 8), chunked prefill
   vllm-1p1d-tp4  vLLM-disaggregated: 1 prefill + 1 decode instance, TP 4 each
   best-xpyd      DistServe-like: the best fixed xPyD split (x + y = 8, TP 1), found offline by
@@ -34,7 +35,7 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ from pdserve.config import Config
 from pdserve.metrics import plots
 from pdserve.metrics.goodput import GoodputResult
 from pdserve.metrics.summary import tpot_s
-from pdserve.perf.presets import perf_model
+from pdserve.perf.presets import DEFAULT_BACKEND, perf_model
 from pdserve.sim.runner import Experiment
 from pdserve.sim.simulator import SimResult
 
@@ -64,6 +65,7 @@ class Setup:
     prefill: int = 4  # disaggregated
     decode: int = 4
     min_dwell_s: float = 5.0  # arrow
+    backend: str = DEFAULT_BACKEND  # the performance source (`perf.backend`)
 
     def config(self, workload: str, tpot_slo_s: float, duration_s: float | None,
                tolerance: float) -> Config:
@@ -71,7 +73,8 @@ class Setup:
         return Config().with_values({
             "workload.trace": trace, "workload.duration_s": duration_s,
             "policy.name": self.policy, "perf.tp": self.tp, "perf.model": "llama-3.1-8b",
-            "perf.gpu": "h800", "cluster.instances": self.instances,
+            "perf.gpu": "h800", "perf.backend": self.backend,
+            "cluster.instances": self.instances,
             "cluster.prefill": self.prefill, "cluster.decode": self.decode,
             "slo.ttft_s": ttft_slo_s, "slo.tpot_s": tpot_slo_s, "goodput.tolerance": tolerance,
             "policy.arrow.min_dwell_s": self.min_dwell_s})
@@ -161,8 +164,10 @@ def diagnose(workload: str, setup: Setup, scale: float) -> tuple[RunStats, list[
     return run_stats(experiment, result, scale), per_instance(result)
 
 
-def print_capacity(chunk_tokens: int = 2048, batch: int = 64, context: int = 1500) -> None:
+def print_capacity(backend: str, chunk_tokens: int = 2048, batch: int = 64,
+                   context: int = 1500) -> None:
     """What the performance model gives each setup: prefill capacity, decode and mixed step."""
+    print(f"priced by {perf_model('llama-3.1-8b', 'h800', 1, backend).name}")
     print(f"model capacity (perf_model('llama-3.1-8b', 'h800', tp); a {chunk_tokens}-token "
           f"chunk; a decode batch of {batch} x {context} context tokens)")
     print(f"{'setup':<15}{'inst x TP':>10}{'P-side inst':>12}{'prefill tok/s':>14}"
@@ -170,7 +175,7 @@ def print_capacity(chunk_tokens: int = 2048, batch: int = 64, context: int = 150
     rows = [("vllm-tp8", 1, 8, 1), ("vllm-1p1d-tp4", 2, 4, 1), ("xpyd 7p1d", 8, 1, 7),
             ("colocated-8", 8, 1, 8), ("arrow (max)", 8, 1, 7)]
     for name, count, tp, prefill_side in rows:
-        perf = perf_model("llama-3.1-8b", "h800", tp)
+        perf = perf_model("llama-3.1-8b", "h800", tp, backend)
         per_instance = chunk_tokens / perf.prefill.time_s(chunk_tokens, chunk_tokens ** 2)
         decode_s = perf.decode.step_s(batch, batch * context)
         prefill_tokens = chunk_tokens - batch  # the token budget left beside the decodes
@@ -235,8 +240,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--capacity-only", action="store_true",
                         help="print the model's capacity per setup and stop")
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
+                        "sglang, trtllm (@version optional) or vidur [%(default)s]")
     args = parser.parse_args()
-    print_capacity()
+    print_capacity(args.backend)
+    setups = [replace(s, backend=args.backend) for s in SETUPS]
     if args.capacity_only:
         return
     args.out.mkdir(parents=True, exist_ok=True)
@@ -246,13 +254,13 @@ def main() -> None:
         _, _, paper_tpot_s, duration_s = WORKLOADS[workload]
         clip_s = min(duration_s or args.sweep_duration, args.sweep_duration)
         jobs += [(workload, paper_tpot_s, duration_s, s, args.tolerance, "paper")
-                 for s in SETUPS]
+                 for s in setups]
         for tpot in TPOT_SWEEP_S:
             if (tpot, clip_s, args.sweep_tolerance) == (paper_tpot_s, duration_s,
                                                          args.tolerance):
                 continue  # the paper table's searches are this sweep point
             jobs += [(workload, tpot, clip_s, s, args.sweep_tolerance, "sweep")
-                     for s in SETUPS]
+                     for s in setups]
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(search, *job[:5]) for job in jobs]
         for done, future in enumerate(as_completed(futures), 1):
@@ -286,8 +294,8 @@ def main() -> None:
                               arrow.pool_roles, f"arrow pools on {workload} at its goodput "
                               f"rate ({arrow.goodput.rate_rps:.1f} req/s)")
         winner = max(rows.values(), key=lambda s: s.goodput.rate_scale)
-        setups = {s.name: s for s in SETUPS}
-        probes = {n: diagnose(workload, setups[s.setup], winner.goodput.rate_scale)
+        by_name = {s.name: s for s in setups}
+        probes = {n: diagnose(workload, by_name[s.setup], winner.goodput.rate_scale)
                   for n, s in rows.items()}
         print_diagnosis(workload, winner.goodput.rate_scale, winner.goodput.rate_rps, probes)
         report["diagnosis"][workload] = {

@@ -1,6 +1,7 @@
 """Reproduce Arrow's ablation (Figure 8) in the simulator: goodput per policy and trace.
 
-Llama-3.1-8B on 8 x H800 (one GPU per instance), Table 1 SLOs:
+Llama-3.1-8B on 8 x H800 (one GPU per instance), priced by `--backend` (default: the presets'
+default, the newest vLLM measured for the H800's tables), Table 1 SLOs:
   azure-code      TTFT 3 s,  TPOT 0.1 s   full trace
   azure-conv      TTFT 2 s,  TPOT 0.15 s  full trace
   mooncake-conv   TTFT 30 s, TPOT 0.1 s   first 10 minutes
@@ -11,6 +12,7 @@ script reports P90 TTFT, P90 TPOT and flips per minute. Plots: attainment vs rat
 and Arrow's pool sizes over time at its goodput rate.
 
     python bench/arrow_repro.py --out docs/results/arrow      # about 10 minutes on 2 cores
+    python bench/arrow_repro.py --backend vidur ...          # the Vidur-calibrated model
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from pathlib import Path
 from pdserve.config import Config
 from pdserve.metrics import plots
 from pdserve.metrics.goodput import GoodputResult
+from pdserve.perf.presets import DEFAULT_BACKEND, perf_model
 from pdserve.sim.runner import Experiment
 
+MODEL, GPU = "llama-3.1-8b", "h800"
 TRACES = {
     "azure-code": {"slo.ttft_s": 3.0, "slo.tpot_s": 0.1},
     "azure-conv": {"slo.ttft_s": 2.0, "slo.tpot_s": 0.15},
@@ -46,8 +50,9 @@ class Outcome:
     roles: list[list[str]]
 
 
-def run_job(trace: str, policy: str, prefill: int, tolerance: float) -> Outcome:
+def run_job(trace: str, policy: str, prefill: int, tolerance: float, backend: str) -> Outcome:
     config = Config().with_values({
+        "perf.model": MODEL, "perf.gpu": GPU, "perf.backend": backend,
         "workload.trace": trace, "policy.name": policy, "cluster.prefill": prefill,
         "cluster.decode": 8 - prefill, "cluster.instances": 8, "goodput.tolerance": tolerance,
         **TRACES[trace]})
@@ -69,16 +74,20 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/arrow"))
     parser.add_argument("--tolerance", type=float, default=0.02, help="goodput bisection")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
+                        "sglang, trtllm (@version optional) or vidur [%(default)s]")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    priced_by = perf_model(MODEL, GPU, 1, args.backend).name
+    print(f"8 x {GPU}, priced by {priced_by}", flush=True)
     jobs = [(trace, policy, 4) for trace in args.traces
             for policy in ("arrow", "min-load", "round-robin", "colocated")]
     jobs += [(trace, "static-pd", x) for trace in args.traces for x in range(1, 8)]
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         outcomes = list(pool.map(run_job, *zip(*jobs, strict=True),
-                                 [args.tolerance] * len(jobs)))
-    report = {}
+                                 [args.tolerance] * len(jobs), [args.backend] * len(jobs)))
+    report: dict[str, object] = {"perf_model": priced_by}
     for trace in args.traces:
         mine = {o.label: o for o in outcomes if o.trace == trace}
         splits = [o for label, o in mine.items() if label.startswith("static-pd")]

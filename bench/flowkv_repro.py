@@ -27,6 +27,10 @@
   sensitivity: (a)'s 8B 5K point and (b)'s P-L20/D-H20 point under other weights,
       thresholds, hysteresis and lending terms
 
+Every setup is priced by `--backend` (default: the presets' default, the newest vLLM measured
+for each GPU; the L20 and H20 scaled from the L40S's and H100's tables); the header names the
+model and version of each GPU's source.
+
     python bench/flowkv_repro.py --out docs/results/flowkv   # about 3 minutes on 2 cores
 """
 
@@ -40,7 +44,7 @@ from pathlib import Path
 
 from pdserve.config import Config
 from pdserve.metrics.summary import Summary
-from pdserve.perf.presets import perf_model
+from pdserve.perf.presets import DEFAULT_BACKEND, perf_model
 from pdserve.policies.flowkv.settings import FlowKVSettings, ScoreWeights
 from pdserve.sim.runner import Experiment
 from pdserve.sim.simulator import SimResult
@@ -76,39 +80,41 @@ def run(config: Config, flowkv: FlowKVSettings | None = None) -> tuple[Summary, 
     return experiment.summarize(result), result
 
 
-def a_config(model: str, tp: int, input_tokens: int, rate: float,
+def a_config(base: Config, model: str, tp: int, input_tokens: int, rate: float,
              values: dict[str, object]) -> Config:
-    return Config().with_values({
+    return base.with_values({
         "workload.trace": "synthetic", "workload.synthetic_requests": 100,
         "workload.synthetic_rate_rps": rate,
         "workload.synthetic_lengths": f"fixed:{input_tokens}:256", "perf.model": model,
         "perf.gpu": "a100", "perf.tp": tp, "slo.ttft_s": 30.0, "slo.tpot_s": 0.2, **values})
 
 
-def a_rates(model: str, tp: int, input_tokens: int) -> list[float]:
-    prefill_s = perf_model(model, "a100", tp).prefill.time_s(input_tokens, input_tokens ** 2)
+def a_rates(base: Config, model: str, tp: int, input_tokens: int) -> list[float]:
+    prefill_s = perf_model(model, "a100", tp, base.perf.backend).prefill.time_s(
+        input_tokens, input_tokens ** 2)
     return [factor / prefill_s for factor in A_RATE_FACTORS]
 
 
-def max_throughput(model: str, tp: int, input_tokens: int, values: dict[str, object],
-                   flowkv: FlowKVSettings | None = None) -> tuple[float, float, int]:
+def max_throughput(base: Config, model: str, tp: int, input_tokens: int,
+                   values: dict[str, object], flowkv: FlowKVSettings | None = None
+                   ) -> tuple[float, float, int]:
     """(highest req/s over the rates, its total tokens/s, role changes at that rate)."""
     best = (0.0, 0.0, 0)
-    for rate in a_rates(model, tp, input_tokens):
-        summary, result = run(a_config(model, tp, input_tokens, rate, values), flowkv)
+    for rate in a_rates(base, model, tp, input_tokens):
+        summary, result = run(a_config(base, model, tp, input_tokens, rate, values), flowkv)
         if summary.throughput_rps > best[0]:
             best = (summary.throughput_rps, summary.total_tokens_per_s,
                     len(result.role_changes))
     return best
 
 
-def part_a() -> list[dict]:
+def part_a(base: Config) -> list[dict]:
     rows = []
     for model, tp in A_SETUPS:
         for input_tokens in A_INPUTS:
             row: dict = {"model": model, "tp": tp, "input": input_tokens}
             for label, values in A_SYSTEMS:
-                rps, tokens_s, flips = max_throughput(model, tp, input_tokens, values)
+                rps, tokens_s, flips = max_throughput(base, model, tp, input_tokens, values)
                 row[label] = {"rps": rps, "tokens_s": tokens_s, "role_changes": flips}
             rows.append(row)
             print(f"(a) {model} tp{tp} in {input_tokens}: " + ", ".join(
@@ -116,20 +122,20 @@ def part_a() -> list[dict]:
     return rows
 
 
-def b_config(rate: float, values: dict[str, object]) -> Config:
-    return Config().with_values({
+def b_config(base: Config, rate: float, values: dict[str, object]) -> Config:
+    return base.with_values({
         "workload.trace": "synthetic", "workload.synthetic_requests": 300,
         "workload.synthetic_rate_rps": rate, "workload.synthetic_lengths": "table:arxiv-lengths",
         "perf.model": "llama-3.1-8b", "cluster.inter_node_link": "tcp-25g",
         "slo.ttft_s": 10.0, "slo.tpot_s": 0.1, **values})
 
 
-def part_b() -> list[dict]:
+def part_b(base: Config) -> list[dict]:
     rows = []
     for rate in B_RATES:
         row: dict = {"rate_rps": rate}
         for label, values in B_SYSTEMS:
-            summary, _ = run(b_config(rate, values))
+            summary, _ = run(b_config(base, rate, values))
             row[label] = {"e2e_mean_s": summary.e2e_s.mean, "tpot_mean_s": summary.tpot_s.mean,
                           "ttft_mean_s": summary.ttft_s.mean}
         rows.append(row)
@@ -139,7 +145,7 @@ def part_b() -> list[dict]:
     return rows
 
 
-def part_c() -> list[dict]:
+def part_c(base: Config) -> list[dict]:
     rows = []
     for where, instances, link in (("one L20 server (PCIe)", "1xl20:prefill,1xl20:decode",
                                     "tcp-25g"),
@@ -148,7 +154,7 @@ def part_c() -> list[dict]:
         for input_tokens in (5000, 10000):
             row: dict = {"where": where, "input": input_tokens}
             for mode in ("per-block-per-layer", "aligned"):
-                config = Config().with_values({
+                config = base.with_values({
                     "workload.trace": "synthetic", "workload.synthetic_requests": 20,
                     "workload.synthetic_rate_rps": 0.1,
                     "workload.synthetic_lengths": f"fixed:{input_tokens}:16",
@@ -167,10 +173,10 @@ def part_c() -> list[dict]:
     return rows
 
 
-def part_d() -> dict:
+def part_d(base: Config) -> dict:
     out = {}
     for aware in (True, False):
-        config = Config().with_values({
+        config = base.with_values({
             "workload.trace": "mooncake-conv", "workload.duration_s": 600.0,
             "policy.name": "flowkv", "cluster.prefill": 4, "cluster.decode": 4,
             "perf.model": "llama-3.1-8b", "perf.gpu": "a100", "slo.ttft_s": 30.0,
@@ -212,11 +218,11 @@ E_SYSTEMS: list[tuple[str, dict[str, object], FlowKVSettings | None]] = [
 ]
 
 
-def part_e() -> list[dict]:
+def part_e(base: Config) -> list[dict]:
     rows = []
     for scale in (1.0, 2.0):
         for label, values, settings in E_SYSTEMS:
-            config = Config().with_values({
+            config = base.with_values({
                 "workload.trace": "azure-code", "workload.duration_s": 1800.0,
                 "perf.model": "llama-3.1-8b", "perf.gpu": "a100", "slo.ttft_s": 2.0,
                 "slo.tpot_s": 0.1, "workload.rate_scale": scale, **values})
@@ -258,12 +264,12 @@ def variants() -> dict[str, FlowKVSettings]:
     }
 
 
-def sensitivity() -> dict:
+def sensitivity(base: Config) -> dict:
     out = {}
     flowkv = dict(A_SYSTEMS)["flowkv 1P1D"]
     for name, settings in variants().items():
-        rps, _, flips = max_throughput("llama-3.1-8b", 1, 5000, flowkv, settings)
-        summary, result = run(b_config(8.0, dict(B_SYSTEMS)["P-L20/D-H20"]), settings)
+        rps, _, flips = max_throughput(base, "llama-3.1-8b", 1, 5000, flowkv, settings)
+        summary, result = run(b_config(base, 8.0, dict(B_SYSTEMS)["P-L20/D-H20"]), settings)
         out[name] = {"a_8b_5k_rps": rps, "a_role_changes": flips,
                      "b_e2e_mean_s": summary.e2e_s.mean, "b_role_changes":
                      len(result.role_changes)}
@@ -277,13 +283,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="write results.json here")
     parser.add_argument("--parts", default="abcdes", help="which parts to run [abcdes]")
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
+                        "sglang, trtllm (@version optional) or vidur [%(default)s]")
     args = parser.parse_args()
     started = time.perf_counter()
-    results: dict = {}
+    base = Config().with_values({"perf.backend": args.backend})
+    priced_by = {f"{model} {gpu} tp{tp}": perf_model(model, gpu, tp, args.backend).name
+                 for model, gpu, tp in (("llama-3.1-8b", "a100", 1), ("llama-3.1-70b", "a100", 4),
+                                        ("llama-3.1-8b", "l20", 1), ("llama-3.1-8b", "h20", 1))}
+    for setup, name in priced_by.items():
+        print(f"{setup}: priced by {name}", flush=True)
+    results: dict = {"perf_models": priced_by}
     steps = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e,
              "s": sensitivity}
     for part in args.parts:
-        results[part] = steps[part]()
+        results[part] = steps[part](base)
     print(f"done in {time.perf_counter() - started:.0f}s wall")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

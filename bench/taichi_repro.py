@@ -1,5 +1,7 @@
 """Reproduce TaiChi's end-to-end goodput (Figs. 15-17, Table 3) and its breakdown (Fig. 18)
-in the simulator, on the calibrated A100 models.
+in the simulator, on A100 models priced by `--backend` (default: the presets' default, the
+newest vLLM measured on the A100; `--backend vidur` for the Vidur-calibrated model, the
+convention of TaiChi's own simulations); the header names the source of each.
 
 Setups (TaiChi sec. 4.1): Qwen2.5-14B on 4 x A100 (TP 1, 4 instances) and Qwen2.5-32B on
 4 x 2 A100 (TP 2, 4 instances; TPOT SLOs +10 ms). Workloads, Poisson arrivals:
@@ -38,6 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from pdserve.config import Config
+from pdserve.perf.presets import DEFAULT_BACKEND, perf_model
 from pdserve.planning.taichi import PlanResult, SliderPoint, search, slider_grid
 from pdserve.sim.runner import Experiment
 
@@ -69,7 +72,7 @@ class SetupResult:
     settings: int
 
 
-def base_config(model: str, workload: str, slo: int, requests: int,
+def base_config(backend: str, model: str, workload: str, slo: int, requests: int,
                 tolerance: float) -> Config:
     lengths, slo1, slo2, rate, default_requests = WORKLOADS[workload]
     requests = requests or default_requests
@@ -78,7 +81,8 @@ def base_config(model: str, workload: str, slo: int, requests: int,
     return Config().with_values({
         "workload.trace": "synthetic", "workload.synthetic_lengths": lengths,
         "workload.synthetic_requests": requests, "workload.synthetic_rate_rps": rate, "seed": 1,
-        "perf.model": model, "perf.gpu": "a100", "perf.tp": tp, "slo.ttft_s": ttft,
+        "perf.model": model, "perf.gpu": "a100", "perf.tp": tp, "perf.backend": backend,
+        "slo.ttft_s": ttft,
         "slo.tpot_s": tpot + relax, "monitor.interval_s": 0.1, "goodput.tolerance": tolerance,
         "cluster.prefill": 2, "cluster.decode": 2})
 
@@ -90,9 +94,9 @@ def p90_over_slo(experiment: Experiment, config: Config, rate_rps: float) -> tup
     return summary.ttft_s.p90 / config.slo.ttft_s, summary.tpot_s.p90 / config.slo.tpot_s
 
 
-def run_setup(model: str, workload: str, slo: int, requests: int, tolerance: float,
-              processes: int, time_limit_s: float) -> SetupResult:
-    base = base_config(model, workload, slo, requests, tolerance)
+def run_setup(backend: str, model: str, workload: str, slo: int, requests: int,
+              tolerance: float, processes: int, time_limit_s: float) -> SetupResult:
+    base = base_config(backend, model, workload, slo, requests, tolerance)
     points = slider_grid(4, CHUNKS, D_CHUNKS)
     results = search(base, points, processes, time_limit_s)
     by_point = {r.point: r for r in results}
@@ -115,9 +119,10 @@ def run_setup(model: str, workload: str, slo: int, requests: int, tolerance: flo
                        len(results))
 
 
-def breakdown(requests: int, rate_rps: float) -> list[tuple[str, float, float, float]]:
+def breakdown(backend: str, requests: int, rate_rps: float
+              ) -> list[tuple[str, float, float, float]]:
     """Fig. 18: (step, attainment, P90 TTFT / SLO, P90 TPOT / SLO) at one rate."""
-    base = base_config("qwen2.5-14b", "summarization", 1, requests, 0.04)
+    base = base_config(backend, "qwen2.5-14b", "summarization", 1, requests, 0.04)
     experiment = Experiment.from_config(base)
     steps = [
         ("aggregation, chunk 256 (CP256)", SliderPoint(0, 4, 256, 256), {}),
@@ -137,14 +142,14 @@ def breakdown(requests: int, rate_rps: float) -> list[tuple[str, float, float, f
     return rows
 
 
-def _defaults_job(job: tuple[int, str, dict]) -> tuple[int, str, float]:
-    seed, label, changes = job
-    base = base_config("qwen2.5-14b", "chat", 1, 1500, 0.03).with_values({
+def _defaults_job(job: tuple[str, int, str, dict]) -> tuple[int, str, float]:
+    backend, seed, label, changes = job
+    base = base_config(backend, "qwen2.5-14b", "chat", 1, 1500, 0.03).with_values({
         "seed": seed, "workload.synthetic_rate_rps": 40.0})
     return seed, label, Experiment.from_config(base.with_values(changes)).goodput().rate_rps
 
 
-def defaults_check(processes: int) -> list[tuple[int, str, float]]:
+def defaults_check(backend: str, processes: int) -> list[tuple[int, str, float]]:
     """Out of the box on chat SLO1 (14B, 1500 requests, two seeds): taichi's default
     sliders next to colocated at its default and its best chunk, and the paper's sliders."""
     systems = [
@@ -160,7 +165,7 @@ def defaults_check(processes: int) -> list[tuple[int, str, float]]:
                                               "policy.taichi.chunk_p_tokens": 1024,
                                               "policy.taichi.chunk_d_tokens": 512}),
     ]
-    jobs = [(seed, label, changes) for seed in (1, 2) for label, changes in systems]
+    jobs = [(backend, seed, label, changes) for seed in (1, 2) for label, changes in systems]
     with ProcessPoolExecutor(processes) as pool:
         return list(pool.map(_defaults_job, jobs))
 
@@ -180,9 +185,15 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--defaults-check", action="store_true",
                         help="only compare taichi's default sliders with colocated (chat SLO1)")
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
+                        "sglang, trtllm (@version optional) or vidur [%(default)s]")
     args = parser.parse_args()
+    priced_by = {model: perf_model(model, "a100", tp, args.backend).name
+                 for model, (tp, _) in MODELS.items()}
+    for model, name in priced_by.items():
+        print(f"{model}: priced by {name}", flush=True)
     if args.defaults_check:
-        for seed, label, goodput in defaults_check(args.processes):
+        for seed, label, goodput in defaults_check(args.backend, args.processes):
             print(f"seed {seed}  {label:<34} goodput {goodput:6.2f} req/s", flush=True)
         return
     setups = [(m, w, s) for m in MODELS for w in WORKLOADS for s in (1, 2)
@@ -193,8 +204,8 @@ def main() -> None:
     started = time.monotonic()
     results = []
     for model, workload, slo in setups:
-        r = run_setup(model, workload, slo, args.requests, args.tolerance, args.processes,
-                      args.time_limit)
+        r = run_setup(args.backend, model, workload, slo, args.requests, args.tolerance,
+                      args.processes, args.time_limit)
         results.append(r)
         paper = r.taichi_paper
         best_taichi = max(r.taichi_searched.goodput_rps, paper.goodput_rps if paper else 0)
@@ -224,14 +235,15 @@ def main() -> None:
     if anchor is not None and anchor.taichi_paper is not None:
         rate = anchor.taichi_paper.goodput_rps
         print(f"Fig. 18 breakdown: 14B, summarization SLO1, at {rate:.2f} req/s")
-        rows = breakdown(args.requests, rate)
+        rows = breakdown(args.backend, args.requests, rate)
         for label, attainment, ttft, tpot in rows:
             print(f"  {label:<50} attainment {attainment:6.1%}  P90 TTFT/SLO {ttft:5.2f}  "
                   f"P90 TPOT/SLO {tpot:5.2f}")
     print(f"total {time.monotonic() - started:.0f}s wall")
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"setups": [asdict(r) for r in results], "breakdown": rows,
+            json.dump({"perf_models": priced_by, "setups": [asdict(r) for r in results],
+                       "breakdown": rows,
                        "requests": args.requests, "tolerance": args.tolerance}, handle,
                       indent=1, default=str)
 

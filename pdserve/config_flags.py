@@ -193,6 +193,14 @@ SLO_FLAGS = (
     Flag("--tpot-slo", "slo.tpot_s", "TPOT target, seconds"),
 )
 
+PERF_SOURCE_FLAGS = (  # what prices a step: simulate, and the planners
+    Flag("--backend", "perf.backend", "engine whose measured kernels price a step: vllm, "
+         "sglang, trtllm (optionally @version, e.g. vllm@0.24.0), or vidur (the "
+         "Vidur-calibrated A100 model)", shown=f"{DEFAULT_BACKEND}, its newest measured version"),
+    Flag("--host-overhead", "perf.host_overhead", "per-step host overhead of the measured "
+         "backends", choices=HOST_OVERHEADS),
+)
+
 SIMULATE_CLUSTER_FLAGS = (
     Flag("--prefill", "cluster.prefill", "prefill instances (disaggregated presets)"),
     Flag("--decode", "cluster.decode", "decode instances (disaggregated presets)"),
@@ -208,11 +216,7 @@ SIMULATE_CLUSTER_FLAGS = (
     Flag("--model", "perf.model", f"simulated model ({', '.join(MODELS)})"),
     Flag("--gpu", "perf.gpu", f"GPU ({', '.join(GPUS)})"),
     Flag("--tp", "perf.tp", "tensor-parallel degree per instance", shown="the setup's"),
-    Flag("--backend", "perf.backend", "engine whose measured kernels price a step: vllm, "
-         "sglang, trtllm (optionally @version, e.g. vllm@0.24.0), or vidur (the "
-         "Vidur-calibrated A100 model)", shown=f"{DEFAULT_BACKEND}"),
-    Flag("--host-overhead", "perf.host_overhead", "per-step host overhead of the measured "
-         "backends", choices=HOST_OVERHEADS),
+    *PERF_SOURCE_FLAGS,
     Flag("--perf-model", "perf.profile", "fitted performance model file (from pdserve "
          "profile); replaces --model x --gpu", shown="none"),
     *INSTANCE_FLAGS,

@@ -91,3 +91,32 @@ def test_verification_ranks_the_shortlist_by_whole_cluster_attainment() -> None:
     from pdserve.perf.presets import perf_model
     perfs = [perf_model("qwen3-32b", "h20", 4)] * 3
     assert cluster_topology(perfs, [4, 4, 4]).nodes == (0, 0, 1)
+
+
+def test_the_config_performance_source_prices_the_plan() -> None:
+    from pdserve.perf.presets import VIDUR, perf_model
+    from pdserve.planning.ampd import plan_defaults, plan_inputs, replica_tau
+
+    measured = plan_inputs(plan_defaults().with_values(
+        {"workload.synthetic_requests": 30, "workload.synthetic_rate_rps": 1.0}), 8)
+    vidur = plan_inputs(plan_defaults().with_values(
+        {"perf.backend": VIDUR, "perf.host_overhead": "vllm-v0",
+         "workload.synthetic_requests": 30, "workload.synthetic_rate_rps": 1.0}), 8)
+    assert (measured.backend, vidur.backend, vidur.host_overhead) == (None, VIDUR, "vllm-v0")
+    assert measured.perf(2) == perf_model("qwen3-32b", "h20", 2)
+    assert vidur.perf(2) == perf_model("qwen3-32b", "h20", 2, VIDUR)
+    # the Vidur model's decode steps (2023 host overhead, its TP 2 all-reduce floor) are
+    # slower than today's vLLM on the same replica: its decode tau is higher
+    assert replica_tau("decode", 2, 1, vidur) > 1.2 * replica_tau("decode", 2, 1, measured)
+
+
+def test_pdserve_plan_takes_the_performance_source_from_its_flags() -> None:
+    from pdserve.cli import build_parser
+    from pdserve.config_flags import config_from_args
+    from pdserve.planning.ampd import plan_defaults, plan_inputs
+
+    args = build_parser().parse_args(["plan", "--policy", "ampd", "--gpus", "8", "--backend",
+                                      "sglang", "--host-overhead", "none"])
+    inputs = plan_inputs(config_from_args(args, plan_defaults()), args.gpus)
+    assert (inputs.backend, inputs.host_overhead) == ("sglang", "none")
+    assert "sglang@" in inputs.perf(2).name and "host none" in inputs.perf(2).name

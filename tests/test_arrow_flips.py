@@ -27,6 +27,7 @@ from pdserve.policies.arrow.profiling import (
 )
 from pdserve.policies.arrow.role_manager import ArrowRoleManager
 from pdserve.sim.runner import Experiment
+from pdserve.sim.simulator import SimResult
 from pdserve.types import Role
 
 # ---- Alg. 1's gate and Alg. 2 agree ----
@@ -178,11 +179,11 @@ def test_ttft_profile_covers_the_context_range_and_predicts_long_prompts():
 
 # ---- reasons, in a simulated run ----
 
-def arrow_run(dwell_s: float):
-    """Arrow on Mooncake at 3x for 600 s, with the dwell time and the monitor's cooldown set
+def arrow_run(dwell_s: float) -> tuple[SimResult, list[float]]:
+    """Arrow on Mooncake at 5x for 600 s, with the dwell time and the monitor's cooldown set
     to `dwell_s`; returns the run and the gaps between one instance's successive flips."""
     config = Config().with_values({"workload.trace": "mooncake-conv", "policy.name": "arrow",
-                                   "workload.duration_s": 600, "workload.rate_scale": 3,
+                                   "workload.duration_s": 600, "workload.rate_scale": 5,
                                    "slo.ttft_s": 30, "slo.tpot_s": 0.1,
                                    "policy.arrow.min_dwell_s": dwell_s,
                                    "policy.arrow.monitor_cooldown_s": dwell_s})
@@ -201,22 +202,28 @@ def arrow_run(dwell_s: float):
     return result, gaps_s
 
 
-def test_the_alg1_gate_alone_keeps_flips_from_being_undone_in_a_run():
-    """With no dwell time and no cooldown, nothing but Alg. 1's gate (`decode_load_is_low`)
-    stops Alg. 2 from flipping an instance straight back. Measured (2026-11-24): 44 flips, the
-    shortest gap between one instance's flips 2.0 s; with the gate always open, 383 flips
-    and 222 of them undone within 1 s."""
-    result, gaps_s = arrow_run(dwell_s=0.0)
-    assert result.flips >= 10
+def test_the_alg1_gate_keeps_flips_from_being_undone_in_a_run(monkeypatch):
+    """With no dwell time and no cooldown, Alg. 1's gate (`decode_load_is_low`) is what
+    stops Alg. 2 from flipping an instance straight back. Measured (2026-11-24, default
+    model): 37 flips, 3 of them within 1 s of the instance's previous flip; with the gate
+    always open, 261 flips and 173 within 1 s."""
+    gated, gated_gaps_s = arrow_run(dwell_s=0.0)
+    assert gated.flips >= 10
     prefixes = ("alg1: ", "alg2: ", "monitor: ", "settle: ")
-    assert all(c.reason.startswith(prefixes) for c in result.role_changes)
-    assert {c.reason.split(":")[0] for c in result.role_changes} >= {"alg1", "alg2"}
-    assert gaps_s and min(gaps_s) >= 1.0
+    assert all(c.reason.startswith(prefixes) for c in gated.role_changes)
+    assert {c.reason.split(":")[0] for c in gated.role_changes} >= {"alg1", "alg2"}
+    quick_gated = sum(gap < 1.0 for gap in gated_gaps_s)
+    assert quick_gated <= 0.1 * gated.flips
+    monkeypatch.setattr(ArrowContext, "decode_load_is_low",
+                        lambda self, view, board, leaving: True)
+    _, open_gaps_s = arrow_run(dwell_s=0.0)
+    quick_open = sum(gap < 1.0 for gap in open_gaps_s)
+    assert quick_open >= 50 and quick_open >= 5 * max(1, quick_gated)
 
 
 def test_the_dwell_time_holds_flips_the_gate_lets_through():
     """The 5 s dwell must matter: with none, some instance flips again within 5 s (measured
-    2026-11-24: 9 such gaps, the shortest 2.0 s); with it, none does."""
+    2026-11-24: 20 such gaps); with it, none does."""
     _, undamped_gaps_s = arrow_run(dwell_s=0.0)
     damped, damped_gaps_s = arrow_run(dwell_s=5.0)
     assert any(gap < 5.0 for gap in undamped_gaps_s)

@@ -195,7 +195,8 @@ def test_knee_terms_are_fitted_and_keep_decode_spans_closed_form():
 
 def test_presets_default_to_the_calibrated_model_and_scale_other_gpus():
     for gpu in ("a100", "h800", "h100", "h20", "rtx-4090d"):
-        model = perf_model("deepseek-r1-distill-qwen-7b", gpu, 1 if gpu != "h20" else 2)
+        model = perf_model("deepseek-r1-distill-qwen-7b", gpu, 1 if gpu != "h20" else 2,
+                           "vidur")
         assert "calibrated" in model.name
         assert model.prefill.r2 > 0.98 and model.decode.r2 > 0.98
 

@@ -183,6 +183,8 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "rate_sps": Path("workload.synthetic_rate_rps"),
         "seed": Path("seed"),
         "ampd": Path("policy.ampd"),
+        "backend": Path("perf.backend", lambda c: c.perf.backend or None),
+        "host_overhead": Path("perf.host_overhead"),
     }),
     WorkerSettings: (SERVE, {
         "model": Path("engine.weights"),
@@ -335,7 +337,8 @@ def test_a_simulation_hands_each_object_its_configs_values():
 
 def test_the_ampd_planner_takes_its_inputs_from_its_config():
     config = PLAN.with_values({"seed": 3, "policy.ampd.window": 5, "perf.gpu": "h800",
-                               "workload.synthetic_requests": 40})
+                               "workload.synthetic_requests": 40, "perf.backend": "sglang",
+                               "perf.host_overhead": "none"})
     check_built(PlanInputs, plan_inputs(config, 8), config)
 
 

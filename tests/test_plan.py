@@ -83,7 +83,11 @@ def test_candidates_use_every_gpu_at_each_degree_the_model_fits():
         return lambda tp: perf_model(model, "h800", tp)
 
     assert feasible_degrees("llama-3.1-8b", 8, h800("llama-3.1-8b")) == [1, 2, 4, 8]
-    assert feasible_degrees("llama-3.1-70b", 8, h800("llama-3.1-70b")) == [2, 4, 8]
+    # TP 2: 70 GB of weights per 80 GB GPU leave no KV once vLLM's 0.9 utilisation,
+    # activations and CUDA graphs are reserved (the measured default's memory model)
+    assert feasible_degrees("llama-3.1-70b", 8, h800("llama-3.1-70b")) == [4, 8]
+    assert feasible_degrees("llama-3.1-70b", 8, lambda tp: perf_model(
+        "llama-3.1-70b", "h800", tp, "vidur")) == [2, 4, 8]
     for space in SEARCH_SPACES.values():
         for candidate in enumerate_candidates(space, 8, [1, 2, 4, 8]):
             reserve = candidate.settings.get("cluster.reserve", 0)
@@ -195,10 +199,12 @@ def test_the_planner_finds_the_optimum_known_by_construction(base, spaces, disag
 
 def test_plan_writes_its_json_record_and_a_config_that_simulate_runs(tmp_path, capsys):
     record, out = tmp_path / "plan.json", tmp_path / "plan"
+    # TPOT 9 ms: a decode step alone takes ~7 ms, any colocated step carrying a chunk more,
+    # so static-pd wins (5.4 vs 4.0 req/s per GPU on the measured default)
     code = main(["plan", "--policy", "static-pd,colocated", "--gpus", "2", "--tp", "1",
                  "--trace", "synthetic", "--synthetic-lengths", "fixed:4096:64",
                  "--synthetic-requests", "300", "--synthetic-rate", "5", "--model",
-                 "llama-3.1-8b", "--gpu", "h800", "--ttft-slo", "2", "--tpot-slo", "0.012",
+                 "llama-3.1-8b", "--gpu", "h800", "--ttft-slo", "2", "--tpot-slo", "0.009",
                  "--time-limit", "60", "--jobs", "2", "--seeds", "2", "--verify", "1",
                  "--shortlist", "1", "--no-progress", "--json", str(record), "--out",
                  str(out)])
@@ -226,7 +232,7 @@ def test_plan_writes_its_json_record_and_a_config_that_simulate_runs(tmp_path, c
     config = Config.from_yaml(out / "winner.yaml")
     assert config.policy.name == "static-pd" and config.goodput.search
     assert (config.cluster.prefill, config.cluster.decode, config.perf.tp) == (1, 1, 1)
-    assert yaml.safe_load((out / "winner.yaml").read_text())["slo"]["tpot_s"] == 0.012
+    assert yaml.safe_load((out / "winner.yaml").read_text())["slo"]["tpot_s"] == 0.009
     assert main(["simulate", "--config", str(out / "winner.yaml"), "--no-progress"]) == 0
     assert "goodput" in capsys.readouterr().out
 

@@ -137,8 +137,8 @@ def test_static_pd_and_colocated_differ_sanely_on_a_real_trace_clip():
     """Five minutes of Azure conversation on 8 instances (4P4D vs 8 colocated).
 
     Colocated decode steps carry prefill chunks, so its tail TPOT (P99) is higher at every
-    load; its median TPOT is not (8 instances share the decodes, so its batches are half the
-    size, and the calibrated model charges vLLM's CPU work per sequence). Its TTFT depends on
+    load (its median need not be: 8 instances share the decodes, so its batches are half the
+    size). Its TTFT depends on
     load: lightly loaded, PD's dedicated prefill instances are faster (no
     decodes in their batches); heavily loaded, colocated wins because 8 instances take
     prefills instead of 4 and PD's prefill queues grow."""
@@ -146,12 +146,12 @@ def test_static_pd_and_colocated_differ_sanely_on_a_real_trace_clip():
                                  "workload.duration_s": 300, "cluster.instances": 8,
                                  "cluster.prefill": 4, "cluster.decode": 4})
     results = {}
-    for scale in (3, 13):
+    for scale in (3, 26):
         for policy in ("colocated", "static-pd"):
             experiment = Experiment.from_config(base.with_values({"policy.name": policy,
                                                                   "workload.rate_scale": scale}))
             results[policy, scale] = summarize(experiment.simulate().requests, SLO(2.0, 0.15))
-    for scale in (3, 13):
+    for scale in (3, 26):
         colocated, pd = results["colocated", scale], results["static-pd", scale]
         assert colocated.completed == pd.completed == colocated.requests > 300
         assert colocated.tpot_s.p99 > pd.tpot_s.p99
@@ -160,17 +160,17 @@ def test_static_pd_and_colocated_differ_sanely_on_a_real_trace_clip():
         assert pd.ttft_s.p50 < 1.0 and colocated.ttft_s.p50 < 1.0
         assert not math.isnan(pd.e2e_s.p99)
     assert results["static-pd", 3].ttft_s.p50 < results["colocated", 3].ttft_s.p50
-    assert results["colocated", 13].ttft_s.p90 < results["static-pd", 13].ttft_s.p90
+    assert results["colocated", 26].ttft_s.p90 < results["static-pd", 26].ttft_s.p90
     # load costs both: higher rate, higher TPOT
     for policy in ("colocated", "static-pd"):
-        assert results[policy, 13].tpot_s.p50 > results[policy, 3].tpot_s.p50
+        assert results[policy, 26].tpot_s.p50 > results[policy, 3].tpot_s.p50
 
 
 def test_arrow_beats_min_load_on_a_bursty_real_trace():
-    """Azure code, first 10 minutes at 14x: bursts overload 4 prefill instances; Arrow
+    """Azure code, first 10 minutes at 28x: bursts overload 4 prefill instances; Arrow
     flips decode instances to prefill and meets the SLOs where the fixed 4P4D split misses."""
     base = Config().with_values({"workload.trace": "azure-code", "workload.duration_s": 600,
-                                 "workload.rate_scale": 14, "slo.ttft_s": 3, "slo.tpot_s": 0.1})
+                                 "workload.rate_scale": 28, "slo.ttft_s": 3, "slo.tpot_s": 0.1})
     summaries, flips = {}, {}
     for policy in ("arrow", "min-load"):
         experiment = Experiment.from_config(base.with_values({"policy.name": policy}))

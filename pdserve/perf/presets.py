@@ -123,7 +123,7 @@ def calibrated(model: str, gpu: str, tp: int | None = None,
 
 
 VIDUR = "vidur"  # the Vidur-calibrated source's name, wherever a backend is named
-DEFAULT_BACKEND = VIDUR
+DEFAULT_BACKEND = "vllm"  # the newest vLLM measured for the GPU (vidur until 2026-11-24)
 
 
 def measured(model: str, gpu: str, tp: int | None = None, backend: str | None = None,

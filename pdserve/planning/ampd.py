@@ -31,7 +31,6 @@ from pdserve.cluster.topology import Topology
 from pdserve.config import Config
 from pdserve.config_flags import config_from_args
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.presets import perf_model
 from pdserve.perf.specs import check_tp, model_spec
 from pdserve.planning.ampd_ilp import INFEASIBLE, Deployment, solve
 from pdserve.planning.ampd_inputs import PlanInputs, replica_sim_settings, replica_workload
@@ -53,14 +52,14 @@ def replica_grid(max_count: int) -> list[int]:
     return counts
 
 
-def feasible_degrees(model: str, gpu: str, gpus: int) -> list[int]:
-    spec, degrees = model_spec(model), []
+def feasible_degrees(inputs: PlanInputs) -> list[int]:
+    spec, degrees = model_spec(inputs.model), []
     for degree in DEGREES:
-        if degree >= gpus:
+        if degree >= inputs.gpus:
             continue
         try:
             check_tp(spec, degree)
-            perf_model(model, gpu, degree)
+            inputs.perf(degree)
         except ValueError:
             continue  # does not divide the heads, or the weights do not fit
         degrees.append(degree)
@@ -89,7 +88,7 @@ def p95(values: list[float]) -> float:
 
 def replica_tau(phase: str, degree: int, replicas: int, inputs: PlanInputs) -> float:
     """Normalised p95 latency of one replica of `phase` at `degree` with 1/replicas load."""
-    real = perf_model(inputs.model, inputs.gpu, degree)
+    real = inputs.perf(degree)
     ideal = idealised(real)
     perfs = [real, ideal] if phase == "prefill" else [ideal, real]
     policy, _ = build_ampd_policy("dynamo", inputs.slo, 1, 1, perfs, inputs.ampd)
@@ -121,7 +120,7 @@ def interpolate(samples: dict[int, float], counts: range) -> dict[int, float]:
 
 def tau_tables(inputs: PlanInputs, jobs: int = 2, progress: bool = True
                ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
-    degrees = feasible_degrees(inputs.model, inputs.gpu, inputs.gpus)
+    degrees = feasible_degrees(inputs)
     if not degrees:
         raise ValueError(f"{inputs.model} fits no parallel degree in {DEGREES} on "
                          f"{inputs.gpus - 1} {inputs.gpu} GPUs")
@@ -166,7 +165,8 @@ def plan_inputs(config: Config, gpus: int) -> PlanInputs:
     workload = config.workload
     return PlanInputs(config.perf.model, config.perf.gpu, gpus, config.slo.targets(),
                       workload.trace, workload.synthetic_requests, workload.synthetic_rate_rps,
-                      config.seed, config.policy.ampd)
+                      config.seed, config.policy.ampd, config.perf.backend or None,
+                      config.perf.host_overhead)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -181,6 +181,9 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"planning {inputs.model} on {inputs.gpus} {inputs.gpu} GPUs for {inputs.workload} "
           f"at {inputs.rate_sps:g} sessions/s (TTFT SLO {inputs.slo.ttft_s:g}s, ITL SLO "
           f"{inputs.slo.tpot_s:g}s)", flush=True)
+    degrees = feasible_degrees(inputs)
+    if degrees:
+        print(f"priced by {inputs.perf(degrees[0]).name}", flush=True)
     deployments = plan(inputs, args.jobs, max(args.top, args.verify))
     print(f"top {min(args.top, len(deployments))} deployments by the ILP (Z = worse phase's "
           f"p95 latency / its SLO), {time.perf_counter() - started:.1f}s:")

@@ -1,5 +1,6 @@
-"""What AMPD's deployment planner plans for (`PlanInputs`: model, GPU, GPUs to deploy on,
-SLOs, session workload and its rate), and the sessions a simulated replica carries.
+"""What AMPD's deployment planner plans for (`PlanInputs`: model, GPU and the performance
+source that prices it, GPUs to deploy on, SLOs, session workload and its rate), and the
+sessions a simulated replica carries.
 
 Shared by the per-replica latency search (`ampd.py`) and the whole-cluster check of the
 ILP's shortlist (`ampd_verify.py`).
@@ -10,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.config import Config
+from pdserve.perf.fitted import PerfModel
+from pdserve.perf.host_overhead import DEFAULT_HOST_OVERHEAD
+from pdserve.perf.presets import perf_model
 from pdserve.policies.ampd.settings import AmpdSettings
 from pdserve.sim.records import SimSettings
 from pdserve.sim.runner import sim_settings
@@ -32,6 +36,12 @@ class PlanInputs:
     rate_sps: float  # sessions started per second, whole cluster
     seed: int = 0
     ampd: AmpdSettings = AmpdSettings()  # alpha, beta and window of the verified clusters
+    backend: str | None = None  # the performance source (`perf.backend`; None: the default)
+    host_overhead: str = DEFAULT_HOST_OVERHEAD  # `perf.host_overhead`
+
+    def perf(self, degree: int) -> PerfModel:
+        """The model at tensor-parallel `degree` on the GPU, priced by the inputs' source."""
+        return perf_model(self.model, self.gpu, degree, self.backend, self.host_overhead)
 
 
 def replica_sim_settings() -> SimSettings:

@@ -15,7 +15,6 @@ from pdserve.cluster.topology import GPUS_PER_NODE, Topology, gpu_link, network_
 from pdserve.config import ClusterConfig
 from pdserve.metrics.summary import summarize
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.presets import perf_model
 from pdserve.planning.ampd_ilp import Deployment
 from pdserve.planning.ampd_inputs import PlanInputs, replica_sim_settings, replica_workload
 from pdserve.policies.ampd.preset import build_ampd_policy
@@ -41,7 +40,7 @@ def cluster_attainment(deployment: Deployment, inputs: PlanInputs) -> float:
     """SLO attainment of the whole deployment under `ampd` (prefill replicas first)."""
     degrees = ([deployment.prefill_degree] * deployment.prefill_replicas
                + [deployment.decode_degree] * deployment.decode_replicas)
-    perfs = [perf_model(inputs.model, inputs.gpu, degree) for degree in degrees]
+    perfs = [inputs.perf(degree) for degree in degrees]
     policy, _ = build_ampd_policy("ampd", inputs.slo, deployment.prefill_replicas,
                                   deployment.decode_replicas, perfs, inputs.ampd)
     workload = replica_workload(inputs, 1)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.config import Config
-from pdserve.config_flags import Flag, add_flags, shown_default
+from pdserve.config_flags import PERF_SOURCE_FLAGS, Flag, add_flags, shown_default
 from pdserve.planning import ampd, planner, taichi
 from pdserve.policies.search_spaces import SEARCH_SPACES, spaces_for
 
@@ -98,6 +98,7 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
                    f"({', '.join(SPACE_NAMES)}) [all]")
     shared = p.add_argument_group("shared (each planner has its own defaults)")
     add_flags(shared, [per_planner(flag) for flag in SHARED_FLAGS], Config())
+    add_flags(shared, PERF_SOURCE_FLAGS, Config())  # the same default for both planners
     shared.add_argument("--config", type=Path, help="YAML file of the config tree (the "
                         "workload, model, SLOs); options override it")
     shared.add_argument("--gpus", type=int, help="GPUs to deploy on (ampd: required) "

@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
           f"{base.slo.tpot_s:g}s, goodput at {base.goodput.target:.0%} attainment); policy "
           f"{args.policy}, {budget.jobs} processes, at most {args.time_limit:g}s",
           flush=True)
+    print(f"priced by {perf_by_degree(base)(base.perf.tp or 1).name}", flush=True)
     progress = ProgressLine(enabled=not args.no_progress)
     outcome, evaluated = search(
         base, args.policy, gpus,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pdserve.config import Config
 from pdserve.config_flags import config_from_args
-from pdserve.sim.runner import Experiment
+from pdserve.sim.runner import Experiment, load_perf_model
 
 DISAGGREGATED_CHUNK_TOKENS = 16384  # "S_P = the maximum context" for the workloads shipped
 
@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"taichi slider search: {len(points)} settings of {instances} instances, "
           f"{args.jobs} processes, at most {args.time_limit:g}s; SLO TTFT "
           f"{base.slo.ttft_s:g}s TPOT {base.slo.tpot_s:g}s, {base.perf.model} on {base.perf.gpu}")
+    print(f"priced by {load_perf_model(base).name}")
     started = time.monotonic()
     bar = tqdm(total=len(points), unit="setting", desc="plan", disable=True if
                args.no_progress else None)
