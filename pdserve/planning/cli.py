@@ -58,7 +58,7 @@ SHARED_FLAGS = (
     Flag("--ttft-slo", "slo.ttft_s", "TTFT target, seconds"),
     Flag("--tpot-slo", "slo.tpot_s", "TPOT (ampd: ITL) target, seconds"),
 )
-TAICHI_FLAGS = (
+LENGTHS_AND_DEGREE_FLAGS = (  # taichi and all read them; ampd sets its own
     Flag("--synthetic-lengths", "workload.synthetic_lengths",
          "e.g. table:sharegpt, table:arxiv-lengths"),
     Flag("--max-requests", "workload.max_requests", "keep at most this many requests",
@@ -118,8 +118,8 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
                         "simulate the ILP's K best deployments as whole clusters under ampd "
                         "and rank them by SLO attainment (pdserve's addition) [all: 2, ampd: 0]")
     shared.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flags(p.add_argument_group("taichi, all"), LENGTHS_AND_DEGREE_FLAGS, Config())
     tc = p.add_argument_group("taichi")
-    add_flags(tc, TAICHI_FLAGS, Config())
     cluster = Config().cluster
     tc.add_argument("--instances", type=int, help=f"instances to place [--prefill + --decode "
                     f"of the config: {cluster.prefill + cluster.decode}]")
