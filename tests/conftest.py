@@ -15,6 +15,7 @@ import pytest
 from pdserve.config import Config, serve_defaults
 from pdserve.instance.local_scheduler import LocalScheduler
 from pdserve.instance.phase_priority import PhasePriority
+from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.instance.queue_order import QueueOrder
 from pdserve.live.processes import WorkerSettings
 from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
@@ -60,11 +61,13 @@ def sim_settings(**changes: Any) -> SimSettings:
 
 def local_scheduler(instance_id: int, total_blocks: int, chunk_size_tokens: int,
                     max_batch_size: int | None = None,
-                    queue_order: QueueOrder | None = None) -> LocalScheduler:
+                    queue_order: QueueOrder | None = None,
+                    prefix_cache: PrefixCache | None = None) -> LocalScheduler:
     """A local scheduler batching the default config's `instance.max_batch_size` unless
     told otherwise."""
     return LocalScheduler(instance_id, total_blocks, chunk_size_tokens,
-                          max_batch_size or Config().instance.max_batch_size, queue_order)
+                          max_batch_size or Config().instance.max_batch_size, queue_order,
+                          prefix_cache=prefix_cache)
 
 
 def worker_settings(**changes: Any) -> WorkerSettings:

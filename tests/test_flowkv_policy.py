@@ -101,7 +101,7 @@ def _requests(count: int, tokens: int, start_id: int = 0) -> list[Request]:
 def test_prefill_first_runs_prefill_chunks_alone_decode_first_mixes_them():
     for priority in PhasePriority:
         local = local_scheduler(0, 1000, chunk_size_tokens=256)
-        local.phase_priority = priority
+        local.set_phase_priority(priority)
         decoding = _requests(3, 40)
         for request in decoding:
             local.enqueue_prefill(request)

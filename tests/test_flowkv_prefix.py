@@ -17,9 +17,8 @@ from pdserve.types import Request, Role
 
 
 def scheduler(blocks: int) -> LocalScheduler:
-    local = local_scheduler(0, blocks, chunk_size_tokens=4096)
-    local.prefix_cache = PrefixCache(64)  # 4 KV blocks per hash
-    return local
+    return local_scheduler(0, blocks, chunk_size_tokens=4096,
+                           prefix_cache=PrefixCache(64))  # 4 KV blocks per hash
 
 
 def run_prefill(local: LocalScheduler, request: Request) -> tuple[int, int]:

@@ -7,8 +7,10 @@ from conftest import local_scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdserve.cluster.actions import SetChunkSize
 from pdserve.instance.kv_budget import KVBudget
 from pdserve.instance.local_scheduler import LocalScheduler
+from pdserve.instance.phase_priority import PhasePriority
 from pdserve.types import Request, attn_units, blocks_for
 
 
@@ -245,3 +247,19 @@ def test_kv_budget_reclaims_only_what_is_short_and_takes_nothing_when_still_shor
     assert budget.free_blocks == 4  # what was reclaimed stays free, nothing is taken
     budget.give(6)
     assert budget.free_blocks == 10 and budget.used_blocks == 0
+
+
+def test_chunk_size_and_priority_change_only_through_the_scheduler_and_are_checked():
+    local = local_scheduler(0, 1000, chunk_size_tokens=256)
+    for i in range(2):
+        local.enqueue_prefill(Request(i, 0.0, 600, 10))
+    assert local.plan().prefill_tokens == 256
+    local.set_chunk_size(512)
+    with pytest.raises(ValueError, match="positive"):
+        local.set_chunk_size(0)
+    assert local.chunk_size_tokens == 512  # the bad value left it as it was
+    assert local.plan().prefill_tokens == 512
+    local.set_phase_priority(PhasePriority.PREFILL_FIRST)
+    assert local.phase_priority is PhasePriority.PREFILL_FIRST
+    with pytest.raises(ValueError, match="positive"):
+        SetChunkSize(0, 0)

@@ -56,8 +56,14 @@ class SetRole:
 
 @dataclass(frozen=True, slots=True)
 class SetChunkSize:
+    """`instance_id`'s per-step token budget becomes `chunk_size_tokens` (TaiChi's S_P/S_D)."""
+
     instance_id: int
     chunk_size_tokens: int
+
+    def __post_init__(self) -> None:  # a bad action fails in the policy, not in a worker
+        if self.chunk_size_tokens <= 0:
+            raise ValueError(f"chunk_size_tokens must be positive, got {self.chunk_size_tokens}")
 
 
 @dataclass(frozen=True, slots=True)

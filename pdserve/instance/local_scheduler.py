@@ -69,16 +69,22 @@ class BatchResult:
     # emitted a token (then decode here again, or finished, also in `finished`)
 
 
+def _check_chunk_size(chunk_size_tokens: int) -> None:
+    if chunk_size_tokens <= 0:
+        raise ValueError(f"chunk_size_tokens must be positive, got {chunk_size_tokens}")
+
+
 class LocalScheduler:
     """One instance's scheduler: where each request is (queued, prefilling, running, held
     for a hand-off, coming in) and the next batch. See the module docstring."""
 
     def __init__(self, instance_id: int, total_blocks: int, chunk_size_tokens: int,
-                 max_batch_size: int, queue_order: QueueOrder | None = None) -> None:
+                 max_batch_size: int, queue_order: QueueOrder | None = None,
+                 phase_priority: PhasePriority = PhasePriority.DECODE_FIRST,
+                 prefix_cache: PrefixCache | None = None) -> None:
         if total_blocks <= 0:
             raise ValueError(f"total_blocks must be positive, got {total_blocks}")
-        if chunk_size_tokens <= 0:
-            raise ValueError(f"chunk_size_tokens must be positive, got {chunk_size_tokens}")
+        _check_chunk_size(chunk_size_tokens)
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
         self.instance_id = instance_id
@@ -108,8 +114,18 @@ class LocalScheduler:
         self.decode_steps_total = 0
         self.decode_busy_s_total = 0.0
         self.busy_s_total = 0.0
-        self.phase_priority = PhasePriority.DECODE_FIRST  # `phase_priority.py`
-        self.prefix_cache: PrefixCache | None = None  # `prefix_cache.py`
+        # changed only by `set_chunk_size` / `set_phase_priority` (a policy's action)
+        self.phase_priority = phase_priority  # `phase_priority.py`
+        self.prefix_cache = prefix_cache  # `prefix_cache.py`; None: no prefix caching
+
+    def set_chunk_size(self, chunk_size_tokens: int) -> None:
+        """The per-step token budget from the next plan on (TaiChi's S_P / S_D, Arrow)."""
+        _check_chunk_size(chunk_size_tokens)
+        self.chunk_size_tokens = chunk_size_tokens
+
+    def set_phase_priority(self, priority: PhasePriority) -> None:
+        """Which phase a step serves first from the next plan on (`phase_priority.py`)."""
+        self.phase_priority = priority
 
     @property
     def free_blocks(self) -> int:

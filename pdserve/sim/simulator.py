@@ -107,19 +107,20 @@ class Simulator:
                              f"the cluster has {num_instances}")
         self.scheduler = GlobalScheduler(policy, num_instances)
         self.view = ClusterView(0.0, [], self.topology)
+        aligned = self.settings.transfer_mode == "aligned"  # ids only matter for alignment
+        prefix_tokens = self.settings.prefix_block_tokens
         self.instances = [
             SimInstance(LocalScheduler(i, model.kv_capacity_tokens // KV_BLOCK_TOKENS,
                                        self.settings.chunk_size_tokens,
-                                       self.settings.max_batch_size, policy.queue_order()),
+                                       self.settings.max_batch_size, policy.queue_order(),
+                                       policy.phase_priority,
+                                       PrefixCache(prefix_tokens, aligned)
+                                       if prefix_tokens else None),
                         model, self.view, self.settings.max_span_steps, self.settings.seed)
             for i, model in enumerate(self.perfs)]
-        aligned = self.settings.transfer_mode == "aligned"  # ids only matter for alignment
         for instance in self.instances:
-            local = instance.local
-            local.phase_priority = policy.phase_priority
-            if self.settings.prefix_block_tokens:
-                local.prefix_cache = PrefixCache(self.settings.prefix_block_tokens, aligned)
             if aligned:
+                local = instance.local
                 instance.blocks = BlockTable(local.total_blocks, local.prefix_cache)
         self.view.instances = self.instances
         self.tracker: DecodeLoadTracker | None = None
@@ -214,12 +215,12 @@ class Simulator:
     def set_chunk_size(self, action: SetChunkSize) -> None:
         instance = self.instances[action.instance_id]
         self._touch(instance)
-        instance.local.chunk_size_tokens = action.chunk_size_tokens
+        instance.local.set_chunk_size(action.chunk_size_tokens)
 
     def set_phase_priority(self, action: SetPhasePriority) -> None:
         instance = self.instances[action.instance_id]
         self._touch(instance)
-        instance.local.phase_priority = action.priority
+        instance.local.set_phase_priority(action.priority)
 
     def migrate(self, action: Migrate) -> None:
         self.transfers.migrate(action)

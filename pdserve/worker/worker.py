@@ -115,14 +115,14 @@ class Worker:
         install_from_env(self.engine)
         exit_at_start_from_env(instance_id)
         release_freed_memory()  # what resolving the model parsed and dropped
-        self.local = LocalScheduler(instance_id, self.engine.allocator.num_blocks,
-                                    chunk_size_tokens, max_batch_size, queue_order())
+        self.local = LocalScheduler(
+            instance_id, self.engine.allocator.num_blocks, chunk_size_tokens, max_batch_size,
+            queue_order(), parse_phase_priority(phase_priority),
+            PrefixCache(prefix_block_tokens, track_events=True) if prefix_block_tokens else None)
         if perf is not None:
             bind_order(self.local.prefills.order, time.monotonic, perf)
-        self.local.phase_priority = parse_phase_priority(phase_priority)
         self.prefix_block_tokens = prefix_block_tokens  # 0: no prefix cache
         if prefix_block_tokens:
-            self.local.prefix_cache = PrefixCache(prefix_block_tokens, track_events=True)
             self.engine.enable_prefix_cache(prefix_block_tokens)
         self.kv_moves = KVMoves(instance_id, self.engine, self.local, self.send, self.drop,
                                 self.follow_prefix_cache, map_peer_pool)
@@ -246,9 +246,9 @@ class Worker:
         elif isinstance(command, Cancel):
             self.drop(command.request_id)
         elif isinstance(command, SetChunk):
-            local.chunk_size_tokens = command.chunk_size_tokens
+            local.set_chunk_size(command.chunk_size_tokens)
         elif isinstance(command, SetPriority):
-            local.phase_priority = parse_phase_priority(command.priority)
+            local.set_phase_priority(parse_phase_priority(command.priority))
         elif isinstance(command, SetPerfModel):
             bind_order(local.prefills.order, time.monotonic, command.perf)
         elif isinstance(command, Shutdown):
