@@ -138,3 +138,24 @@ def test_always_remote_and_decode_router_records_ttft() -> None:
     assert AmpdPrefillRouter(ctx, adaptive=False).route(request, view, board) == 1
     assert AmpdDecodeRouter(ctx).route(request, 1, view, board) == 2  # the bound worker
     assert ctx.windowed_ttft_s(1, view.now_s) == pytest.approx(1.0)  # 100 - 99
+
+
+def test_line2_random_choice_among_slack_workers_follows_the_runs_seed() -> None:
+    from pdserve.config import Config
+    from pdserve.policies.presets import build_policy
+    from pdserve.sim.runner import policy_setup
+
+    def choices(seed: int) -> list[int]:
+        config = Config().with_values({"policy.name": "ampd", "cluster.prefill": 4,
+                                       "cluster.decode": 1, "seed": seed})
+        policy, _ = build_policy(policy_setup(config, PERF))
+        view, board, _ = setup([IDLE] * 5, [P, P, P, P, D])
+        context = policy.prefill_router.context
+        for worker in range(4):
+            context.record_ttft(worker, 99.0, 0.1)  # every prefill worker has slack
+        return [policy.prefill_router.route(round_request(home=4), view, board)
+                for _ in range(20)]
+
+    assert choices(1) == choices(1)
+    assert choices(1) != choices(2)
+    assert set(choices(1)) == {0, 1, 2, 3}  # random among the slack ones, not the first

@@ -42,7 +42,7 @@ def cluster_attainment(deployment: Deployment, inputs: PlanInputs) -> float:
                + [deployment.decode_degree] * deployment.decode_replicas)
     perfs = [inputs.perf(degree) for degree in degrees]
     policy, _ = build_ampd_policy("ampd", inputs.slo, deployment.prefill_replicas,
-                                  deployment.decode_replicas, perfs, inputs.ampd)
+                                  deployment.decode_replicas, perfs, inputs.ampd, inputs.seed)
     workload = replica_workload(inputs, 1)
     sim = Simulator(policy, len(perfs), perfs, replica_sim_settings(),
                     cluster_topology(perfs, degrees))

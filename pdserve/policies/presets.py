@@ -109,7 +109,8 @@ def _build_preset(name: str, setup: PolicySetup) -> tuple[Policy, int]:
         return build_flowkv(setup)
     if name in AMPD_VARIANTS:
         return build_ampd_policy(name, setup.slo, setup.prefill, setup.decode,
-                                 [setup.perf], setup.policy.ampd)[0], setup.prefill + setup.decode
+                                 [setup.perf], setup.policy.ampd, setup.seed)[0], \
+            setup.prefill + setup.decode
     preset = PRESETS[name]
     if name == "taichi":
         if setup.policy.prefill_router or setup.policy.decode_router:

@@ -34,15 +34,16 @@ AMPD_VARIANTS: dict[str, tuple[bool, bool]] = {  # name -> (adaptive routing, re
 
 
 def build_ampd_policy(name: str, slo: SLO, prefill: int, decode: int,
-                      perfs: Sequence[PerfModel], settings: AmpdSettings | None = None
-                      ) -> tuple[Policy, AmpdContext]:
+                      perfs: Sequence[PerfModel], settings: AmpdSettings | None = None,
+                      seed: int = 0) -> tuple[Policy, AmpdContext]:
     """`settings`: alpha, beta (Alg. 1) and the lookahead window (Alg. 2); by default the
-    paper's (`AmpdSettings`)."""
+    paper's (`AmpdSettings`). `seed`: Alg. 1's random choice among slack workers (the run's
+    `seed`)."""
     settings = settings or AmpdSettings()
     adaptive, reorder = AMPD_VARIANTS[name]
     context = AmpdContext(slo.ttft_s, slo.tpot_s, list(perfs), alpha=settings.alpha,
                           beta=settings.beta)
-    policy = Policy(name=name, prefill_router=AmpdPrefillRouter(context, adaptive),
+    policy = Policy(name=name, prefill_router=AmpdPrefillRouter(context, adaptive, seed),
                     decode_router=AmpdDecodeRouter(context),
                     role_manager=AmpdRoles(context, prefill, decode))
     if reorder:
