@@ -23,8 +23,8 @@ def first_admitted(order_factory, perf, later_perf=None) -> tuple[int, Worker]:
     """`later_perf`: the model the driver sends after the worker started (`SetPerfModel`:
     the start-up profile, ready after the server started on its provisional model)."""
     _, connection = Pipe()
-    worker = Worker(0, "tiny", 0, 128, 512, 16, connection, queue_order=order_factory,
-                    perf=perf)
+    worker = Worker(0, "tiny", 0, 128, 512, 16, connection, "decode-first", 0,
+                    queue_order=order_factory, perf=perf)
     if later_perf is not None:
         worker.handle(SetPerfModel(later_perf))
     now = time.monotonic()

@@ -90,7 +90,7 @@ def release_freed_memory() -> None:
 class Worker:
     def __init__(self, instance_id: int, model_name: str, seed: int, num_blocks: int,
                  chunk_size_tokens: int, max_batch_size: int, connection: Connection,
-                 phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
+                 phase_priority: str, prefix_block_tokens: int,
                  queue_order: Callable[[], QueueOrder] = FCFSOrder,
                  perf: PerfModel | None = None,
                  decode_forecast: ForecastSettings | None = None, pool_name: str = "",
@@ -311,7 +311,7 @@ class Worker:
 
 def worker_main(instance_id: int, model_name: str, seed: int, num_blocks: int,
                 chunk_size_tokens: int, max_batch_size: int, connection: Connection,
-                phase_priority: str = "decode-first", prefix_block_tokens: int = 0,
+                phase_priority: str, prefix_block_tokens: int,
                 environment: dict[str, str] | None = None,
                 queue_order: Callable[[], QueueOrder] = FCFSOrder,
                 perf: PerfModel | None = None,
