@@ -204,7 +204,7 @@ def _resident_worker(private: bool, ready, done) -> None:
     from pdserve.worker.worker import Worker
 
     _, connection = Pipe()
-    worker = Worker(0, "", 0, 64, 512, 64, connection)
+    worker = Worker(0, "", 0, 64, 512, 64, connection, "decode-first", 0)
     engine = worker.engine
     if private:  # what each worker would hold without the shared file
         for parameter in engine.model.parameters():
