@@ -83,10 +83,6 @@ _BATCH_DONE, _LINK_EVENT, _TICK, _ARRIVAL, _INSTANCE_STARTED = 0, LINK_EVENT, 2,
 STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
 
 
-def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
-    return len(heap) == 1 and heap[0][2] == _TICK
-
-
 class Simulator:
     """`perf` is one performance model for every instance or one per instance; `settings`
     are the run's config values (`pdserve.sim.runner.sim_settings`); `topology` places the
@@ -155,18 +151,23 @@ class Simulator:
 
     def _touch(self, instance: SimInstance) -> None:
         """New work for `instance`: cut its span short, or start it after this event."""
-        new_end = instance.interrupt(self.view.now_s)
-        if new_end is not None:
-            self._push(new_end, _BATCH_DONE, instance, instance.version)
-        if instance.plan is None:
+        plan = instance.plan
+        if plan is None:
             self._kicked.append(instance)
+        elif plan.steps > 1:  # a one-step batch ends as planned
+            new_end = instance.interrupt(self.view.now_s)
+            if new_end is not None:
+                self._push(new_end, _BATCH_DONE, instance, instance.version)
 
     def _start_kicked(self) -> None:
+        now_s, heap = self.view.now_s, self._heap
         for instance in self._kicked:
             if instance.plan is None:
-                end = instance.start_batch(self.view.now_s)
+                end = instance.start_batch(now_s)
                 if end is not None:
-                    self._push(end, _BATCH_DONE, instance, instance.version)
+                    self._seq += 1
+                    heapq.heappush(heap, (end, self._seq, _BATCH_DONE, instance,
+                                          instance.version))
                 if instance.local.history_reads:
                     self.sessions.start_history_reads(instance, self.transfers)
         self._kicked.clear()
@@ -244,7 +245,8 @@ class Simulator:
         assert plan is not None
         instance.plan = None
         now = self.view.now_s
-        self._record_tokens(instance, plan, now)
+        if plan.decodes:
+            self._record_tokens(instance, plan, now)
         result = instance.local.complete(plan, now - instance.start_s)
         if instance.blocks is not None:
             instance.blocks.done(result.finished)
@@ -252,7 +254,7 @@ class Simulator:
         if self.tracker is not None:
             for request in result.finished:
                 self.tracker.observe_finished(request)
-        for request in result.finished:
+        for request in result.finished:  # (the loops below are empty in most batches)
             if math.isnan(request.first_token_s):
                 request.first_token_s = now
             request.finish_s = now
@@ -275,18 +277,16 @@ class Simulator:
         self._kicked.append(instance)
 
     def _record_tokens(self, instance: SimInstance, plan: BatchPlan, end_s: float) -> None:
-        """Each decode of `plan` emitted one token per step; steps grow longer as the
-        context grows, so the last step is the widest gap inside the batch."""
+        """Each decode of `plan` (it has some) emitted one token per step; steps grow longer
+        as the context grows, so the last step is the widest gap inside the batch."""
         decodes = plan.decodes
-        if not decodes:
-            return
         if plan.steps == 1:
             record_decode_tokens(decodes, end_s, end_s)
             return
-        batch, context, steps = len(decodes), plan.decode_context_tokens, plan.steps
-        step = instance.perf.decode.step_s
-        record_decode_tokens(decodes, instance.start_s + step(batch, context), end_s,
-                             step(batch, context + batch * (steps - 1)))
+        batch, steps = len(decodes), plan.steps
+        record_decode_tokens(decodes, instance.start_s + instance.span.first_step_s,  # type: ignore[union-attr]
+                             end_s, instance.perf.decode.step_s(
+                                 batch, plan.decode_context_tokens + batch * (steps - 1)))
 
     def _on_instance_started(self, instance_id: int) -> None:
         if self.lifecycle.started(instance_id, self.view.now_s):
@@ -349,7 +349,7 @@ class Simulator:
             events += 1
             if self._kicked:
                 self._start_kicked()
-            if _only_tick_pending(heap):
+            if len(heap) == 1 and heap[0][2] == _TICK:  # only the next monitor tick left
                 self._stalled_ticks = self._stalled_ticks + 1 if self._stalled() else 0
                 if self._stalled_ticks >= STALL_TICKS:
                     raise RuntimeError(
