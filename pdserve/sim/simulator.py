@@ -64,6 +64,7 @@ from pdserve.instance.decode_forecast import DecodeLoadTracker
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.instance.queue_order import bind_order
+from pdserve.metrics.attainment_watch import AttainmentWatch
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
 from pdserve.sim.blocks import BlockTable
@@ -134,6 +135,7 @@ class Simulator:
         self._completed = 0
         self._arrivals_pending = False
         self._stalled_ticks = 0
+        self._watch: AttainmentWatch | None = None  # a goodput step's early stop (`run`)
         self.transfers = KVTransfers(self.instances, self.perfs, LinkSimulator(self.topology),
                                      self.settings, self._clock, self._push, self._touch)
         self.lifecycle = InstanceLifecycle(self.instances, self.settings.instance_startup_s)
@@ -206,8 +208,12 @@ class Simulator:
         action.request.rejected_reason = action.reason
         self._outstanding -= 1
         self._completed += 1
+        later_rounds = 0
         if action.request.session_id >= 0:
-            self._completed += self.sessions.on_reject(action.request, action.reason)
+            later_rounds = self.sessions.on_reject(action.request, action.reason)
+            self._completed += later_rounds
+        if self._watch is not None:
+            self._watch.rejected(action.request, later_rounds)
 
     def set_role(self, action: SetRole) -> None:
         pass  # the scheduler's board has the role; `apply_actions` logged the decision
@@ -236,6 +242,8 @@ class Simulator:
     # ---- event handlers ----
     def _arrive(self, request: Request) -> None:
         self._outstanding += 1
+        if self._watch is not None:
+            self._watch.arrived(request)
         if request.history_tokens:
             self.sessions.on_arrival(request)
         self._apply(self.scheduler.handle(Arrival(request), self.view))
@@ -258,6 +266,8 @@ class Simulator:
             if math.isnan(request.first_token_s):
                 request.first_token_s = now
             request.finish_s = now
+            if self._watch is not None:
+                self._watch.finished(request)
             self._outstanding -= 1
             self._completed += 1
             self._apply(handle(Finished(request, instance.local.instance_id), self.view))
@@ -295,6 +305,8 @@ class Simulator:
             self._apply(self.scheduler.handle(InstanceStarted(instance_id), self.view))
 
     def _on_tick(self) -> None:
+        if self._watch is not None:
+            self._watch.tick(self.view.now_s)
         self._apply(self.scheduler.handle(Tick(), self.view))
         stopped = self.lifecycle.stopped
         self.cluster_history.sample(self.view.now_s, self.instances, self.scheduler.roles,
@@ -311,9 +323,13 @@ class Simulator:
 
     # ---- main loop ----
     def run(self, requests: list[Request],
-            on_progress: Callable[[int], None] | None = None) -> SimResult:
-        """Simulate `requests` (sorted by arrival) to completion."""
+            on_progress: Callable[[int], None] | None = None,
+            watch: AttainmentWatch | None = None) -> SimResult:
+        """Simulate `requests` (sorted by arrival) to completion, or, with a `watch`, until
+        it has decided the run's SLO attainment either way (`decided_early` in the result;
+        the requests not done then stay unfinished)."""
         self.cluster_history.samples.clear()
+        self._watch = watch
         view, heap = self.view, self._heap
         arrivals = iter(self.sessions.load(requests))
         next_arrival = next(arrivals, None)
@@ -349,6 +365,8 @@ class Simulator:
             events += 1
             if self._kicked:
                 self._start_kicked()
+            if watch is not None and watch.decided:
+                break
             if len(heap) == 1 and heap[0][2] == _TICK:  # only the next monitor tick left
                 self._stalled_ticks = self._stalled_ticks + 1 if self._stalled() else 0
                 if self._stalled_ticks >= STALL_TICKS:
@@ -364,4 +382,5 @@ class Simulator:
         return SimResult(requests, list(history.samples), list(history.decisions),
                          view.now_s, events, self._initial_roles, self.transfers.calls, hits,
                          self.sessions.stats, self.lifecycle.instance_s_total(view.now_s),
-                         self.transfers.migrated)
+                         self.transfers.migrated,
+                         decided_early=watch is not None and watch.decided)
