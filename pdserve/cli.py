@@ -95,7 +95,10 @@ def _run_simulate(args: argparse.Namespace) -> int:
         print("goodput search:")
         goodput = experiment.goodput(on_point=lambda p: print(
             f"  rate scale {p.rate_scale:8.3f}  {p.rate_rps:8.2f} req/s  attainment "
-            f"{p.summary.slo_attainment:6.1%}", flush=True))
+            f"{p.summary.slo_attainment:6.1%}" + (
+                f" (stopped once decided, {p.summary.completed + p.summary.rejected} of "
+                f"{p.summary.requests} requests done)" if p.decided_early else ""),
+            flush=True))
         print(format_goodput(goodput))
     if args.out:
         out: Path = args.out

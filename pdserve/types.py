@@ -151,18 +151,30 @@ def add_control_latency(requests: Iterable[Request], latency_s: float, p90_s: fl
     adding it after a run equals simulating it (except for session rounds, which chain on
     the simulated finish). With `p90_s` above `latency_s`, each request draws its own
     latency (seeded) from a lognormal with median `latency_s` and P90 `p90_s`, as measured
-    live; the arrival side of it (a few ms) would reorder arrivals slightly, which adding it
-    after the run leaves out."""
+    live (`control_latency_shifts`); the arrival side of it (a few ms) would reorder
+    arrivals slightly, which adding it after the run leaves out."""
     if not latency_s:
         return
-    rng = random.Random(seed)
-    sigma = math.log(p90_s / latency_s) / Z_P90 if p90_s > latency_s else 0.0
-    for request in requests:
-        shift_s = rng.lognormvariate(math.log(latency_s), sigma) if sigma else latency_s
+    requests = list(requests)
+    for request, shift_s in zip(requests, control_latency_shifts(len(requests), latency_s,
+                                                                 p90_s, seed), strict=True):
         request.first_token_s += shift_s
         request.finish_s += shift_s
         request.decode_first_token_s += shift_s
         request.last_token_s += shift_s
+
+
+def control_latency_shifts(count: int, latency_s: float, p90_s: float = 0.0,
+                           seed: int = 0) -> list[float]:
+    """The shift `add_control_latency` gives each of `count` requests, in their order (all
+    0.0 without a latency): known before a run, so a run can score its requests as they
+    finish (`metrics/attainment_watch.py`)."""
+    if not latency_s:
+        return [0.0] * count
+    rng = random.Random(seed)
+    sigma = math.log(p90_s / latency_s) / Z_P90 if p90_s > latency_s else 0.0
+    return [rng.lognormvariate(math.log(latency_s), sigma) if sigma else latency_s
+            for _ in range(count)]
 
 
 def record_decode_tokens(requests: Iterable[Request], first_s: float, last_s: float,

@@ -78,12 +78,16 @@ def sample_of(time_s: float, loads: Sequence[InstanceLoad], roles: Sequence[Role
               states: Sequence[InstanceState]) -> LoadSample:
     """The sample both worlds take of their instances' loads (the simulated instances, or
     the live workers' latest reports)."""
-    return LoadSample(
-        time_s, [x.running_tokens for x in loads], [x.prefill_queue_tokens for x in loads],
-        [x.used_blocks / total if (total := x.total_blocks) else 0.0 for x in loads],
-        list(roles), list(states),
-        [x.prefill_queue_len + x.decode_queue_len for x in loads],
-        [x.running_decodes for x in loads])
+    running_tokens, queued_tokens, memory, waiting, running = [], [], [], [], []
+    for x in loads:  # one pass: each load read once (a simulated one may compute it)
+        running_tokens.append(x.running_tokens)
+        queued_tokens.append(x.prefill_queue_tokens)
+        total = x.total_blocks
+        memory.append(x.used_blocks / total if total else 0.0)
+        waiting.append(x.prefill_queue_len + x.decode_queue_len)
+        running.append(x.running_decodes)
+    return LoadSample(time_s, running_tokens, queued_tokens, memory, list(roles), list(states),
+                      waiting, running)
 
 
 class ClusterHistory:

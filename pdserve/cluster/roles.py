@@ -95,7 +95,9 @@ class RoleBoard:
         self.starting.discard(instance_id)
 
     def take_changes(self) -> list[SetRole | StartInstance | StopInstance]:
-        changes, self._changes = self._changes, []
+        changes = self._changes
+        if changes:  # most events change nothing: no new list then
+            self._changes = []
         return changes
 
     def count(self, role: Role) -> int:

@@ -117,9 +117,15 @@ class GlobalScheduler:
         return role.takes_prefill if prefill else role.takes_decode
 
     def _admission_error(self, request: Request, view: ClusterView) -> str:
-        if not self.board.prefill_candidates or not self.board.decode_candidates:
+        board = self.board
+        if not board.prefill_candidates or not board.decode_candidates:
             return "no instance is available to serve the request"
-        capacity = max(view.instances[i].total_blocks for i in self.board.decode_candidates)
+        instances = view.instances
+        capacity = 0
+        for i in board.decode_candidates:
+            blocks = instances[i].total_blocks
+            if blocks > capacity:
+                capacity = blocks
         needed = blocks_for(request.input_tokens + request.output_tokens)
         if needed > capacity:
             return (f"prompt ({request.input_tokens} tokens) plus output "

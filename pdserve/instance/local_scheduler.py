@@ -36,7 +36,7 @@ the state that running the steps one by one gives.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pdserve.instance.kv_budget import KVBudget
 from pdserve.instance.kv_handoff import HandoffQueues
@@ -61,12 +61,17 @@ class BatchPlan:
     preempted: Sequence[Request] = ()  # lost their KV since the previous plan
 
 
-@dataclass(slots=True)
 class BatchResult:
-    finished: list[Request] = field(default_factory=list)
-    prefilled: list[Request] = field(default_factory=list)  # first prefill done, KV held here
-    recomputed: list[Request] = field(default_factory=list)  # re-prefilled after preemption:
-    # emitted a token (then decode here again, or finished, also in `finished`)
+    """What a completed batch did to its requests (a plain class: one per batch, built
+    without a dataclass's default factories)."""
+
+    __slots__ = ("finished", "prefilled", "recomputed")
+
+    def __init__(self) -> None:
+        self.finished: list[Request] = []
+        self.prefilled: list[Request] = []  # first prefill done, KV held here
+        self.recomputed: list[Request] = []  # re-prefilled after preemption: emitted a
+        # token (then decode here again, or finished, also in `finished`)
 
 
 def _check_chunk_size(chunk_size_tokens: int) -> None:
@@ -194,41 +199,51 @@ class LocalScheduler:
     # ---- batch formation ----
     def plan(self, max_steps: int = 1) -> BatchPlan | None:
         """Form the next batch, or None when there is nothing to run."""
+        if not (self.running or self.ready or self.prefills.waiting or self.prefills.active):
+            return None  # idle (a kick after a hand-off freed memory, say): nothing to plan
         plan = self._plan(max_steps)
         if self.prefix_cache is not None and plan is not None:
             self.prefix_cache.trim(self.budget.free_blocks)  # memory the batch took is not cache
         return plan
 
     def _plan(self, max_steps: int) -> BatchPlan | None:
-        self._join_ready()
+        if self.ready:
+            self._join_ready()
         chunks = self._prefill_first_chunks() \
             if self.phase_priority is PhasePriority.PREFILL_FIRST else None
+        prefills = self.prefills
         if chunks:  # prefill first, and a prefill can run
             decodes: list[Request] = []
             context_tokens = 0
             admit_waiting = True
         else:  # decode first
-            preemptions_before = self.preemptions_total
-            self._grow_decodes()
-            decodes = list(self.running.values())
+            running = self.running
+            if running:
+                preemptions_before = self.preemptions_total
+                self._grow_decodes()
+                # a step that had to preempt admits no new prefill (vLLM does the same),
+                # unless no decode is left to run: then waiting work must start or the
+                # instance would stall
+                admit_waiting = self.preemptions_total == preemptions_before or not running
+                decodes = list(running.values())
+            else:
+                admit_waiting, decodes = True, []
             context_tokens = self.running_tokens
-            # a step that had to preempt admits no new prefill (vLLM does the same), unless
-            # no decode is left to run: then waiting work must start or the instance would
-            # stall
-            admit_waiting = self.preemptions_total == preemptions_before or not decodes
-            chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes), admit_waiting)
+            chunks = self._plan_chunks(self.chunk_size_tokens - len(decodes), admit_waiting) \
+                if prefills.active or (admit_waiting and prefills.waiting) else []
             if not decodes and not chunks:
                 return None
-        plan = BatchPlan(decodes, chunks, decode_context_tokens=context_tokens)
+        plan = BatchPlan(decodes, chunks, 1, context_tokens)
         if self._preempted_pending:  # rare: no list is built on the common path
             plan.preempted, self._preempted_pending = self._preempted_pending, []
-        for request, tokens in chunks:
-            plan.prefill_tokens += tokens
-            plan.prefill_attn_units += attn_units(tokens, request.prefilled_tokens)
+        if chunks:
+            for request, tokens in chunks:
+                plan.prefill_tokens += tokens
+                plan.prefill_attn_units += attn_units(tokens, request.prefilled_tokens)
         # Several steps at once only when no later step could differ: no prefill ran, and
         # waiting prefills were tried and blocked by memory (which only shrinks while the
         # decodes grow), the token budget or the batch cap (both fixed while nothing ends).
-        if not chunks and max_steps > 1 and (admit_waiting or not self.prefills.waiting):
+        elif max_steps > 1 and (admit_waiting or not prefills.waiting):
             plan.steps = self._reserve_span(decodes, max_steps)
         return plan
 
@@ -249,8 +264,6 @@ class LocalScheduler:
             self.running_tokens += request.sequence_tokens
 
     def _grow_decodes(self) -> None:
-        if not self.running:
-            return
         running = self.running.values()
         needs = [-(-(r.input_tokens + r.generated_tokens) // KV_BLOCK_TOKENS) - r.kv_blocks
                  for r in running]
@@ -329,11 +342,20 @@ class LocalScheduler:
     def _reserve_span(self, decodes: list[Request], max_steps: int) -> int:
         """Longest run of steps with an unchanged batch: no decode finishes before its last
         step and every block it needs is free. Reserves those blocks."""
-        steps = min(max_steps, min(r.output_tokens - r.generated_tokens for r in decodes))
+        steps = max_steps
+        for request in decodes:
+            left = request.output_tokens - request.generated_tokens
+            if left < steps:
+                steps = left
         if steps <= 1:
             return 1
         free = self.budget.free_blocks
-        if self._span_blocks(decodes, steps) > free:
+        extra = steps - 1
+        taken = 0
+        for request in decodes:
+            taken += -(-(request.input_tokens + request.generated_tokens + extra)
+                       // KV_BLOCK_TOKENS) - request.kv_blocks
+        if taken > free:
             low, high = 1, steps  # low fits (its blocks were allocated by _grow_decodes)
             while high - low > 1:
                 mid = (low + high) // 2
@@ -342,13 +364,17 @@ class LocalScheduler:
                 else:
                     high = mid
             steps = low
-        extra = steps - 1
-        taken = 0
-        for request in decodes:
-            blocks = -(-(request.input_tokens + request.generated_tokens + extra)
-                       // KV_BLOCK_TOKENS)
-            taken += blocks - request.kv_blocks
-            request.kv_blocks = blocks
+            extra = steps - 1
+            taken = 0
+            for request in decodes:
+                blocks = -(-(request.input_tokens + request.generated_tokens + extra)
+                           // KV_BLOCK_TOKENS)
+                taken += blocks - request.kv_blocks
+                request.kv_blocks = blocks
+        else:
+            for request in decodes:
+                request.kv_blocks = -(-(request.input_tokens + request.generated_tokens
+                                        + extra) // KV_BLOCK_TOKENS)
         self.budget.take(taken)
         return steps
 

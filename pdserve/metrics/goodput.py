@@ -5,7 +5,9 @@ the highest passing and the lowest failing scale until they are within `rel_tol`
 that has a guess (the planner's screen, a shorter run) starts there and steps by a smaller
 factor (`start_scale`, `step`); the defaults are the plain search. This
 assumes attainment falls as the rate rises, as the papers do; when it does not, the answer is
-still a scale that passed, and every evaluated point is kept for the plot.
+still a scale that passed, and every evaluated point is kept for the plot. A `run` may stop
+once its verdict is decided (`Experiment.goodput` does: `metrics/attainment_watch.py`); the
+search only reads the verdict, so it takes the same path and ends at the same scale.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ class GoodputPoint:
     rate_scale: float
     rate_rps: float
     summary: Summary
+
+    @property
+    def decided_early(self) -> bool:
+        """Its run stopped once its verdict was decided (`metrics/attainment_watch.py`):
+        requests were left unfinished, its attainment is a bound on the whole run's (on the
+        same side of the target) and its percentiles are over the requests done."""
+        summary = self.summary
+        return summary.completed + summary.rejected < summary.requests
 
 
 @dataclass(frozen=True)

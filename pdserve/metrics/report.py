@@ -78,7 +78,8 @@ def format_goodput(goodput: GoodputResult) -> str:
     lines = [f"{'rate scale':>10}{'rate req/s':>12}{'attainment':>12}"]
     for point in goodput.points:
         lines.append(f"{point.rate_scale:>10.3f}{point.rate_rps:>12.2f}"
-                     f"{point.summary.slo_attainment:>12.1%}")
+                     f"{point.summary.slo_attainment:>12.1%}"
+                     + ("  (stopped once decided: a bound)" if point.decided_early else ""))
     lines.append(f"goodput: rate scale {goodput.rate_scale:.3f} = {goodput.rate_rps:.2f} req/s "
                  f"at >= {goodput.target_attainment:.0%} SLO attainment (DistServe, Arrow, "
                  f"TaiChi)")
@@ -108,7 +109,8 @@ def write_summary_json(path: Path, summary: Summary, config: dict[str, Any],
             "rate_scale": goodput.rate_scale, "rate_rps": goodput.rate_rps,
             "points": [{"rate_scale": p.rate_scale, "rate_rps": p.rate_rps,
                         "slo_attainment": p.summary.slo_attainment,
-                        "ttft_p90_s": p.summary.ttft_s.p90, "tpot_p90_s": p.summary.tpot_s.p90}
+                        "ttft_p90_s": p.summary.ttft_s.p90, "tpot_p90_s": p.summary.tpot_s.p90,
+                        "stopped_when_decided": p.decided_early}
                        for p in goodput.points]}
     path.write_text(json.dumps(_clean(document), indent=2) + "\n")
 

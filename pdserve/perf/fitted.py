@@ -31,7 +31,8 @@ Because a decode step is linear in the context and the context grows by B per st
 fixed within a span, so any term in B alone, the super-linear one included, is a constant of
 the span), the time of k steps is
 closed-form: k*A + c_d*B*k(k-1)/2 with A the first step's time. The simulator
-uses that to advance a batch over many steps at once (`span_time_s`, `steps_done_within`).
+uses that to advance a batch over many steps at once (`span`: a `DecodeSpan`, its clock;
+`span_time_s`, `steps_done_within`).
 """
 
 from __future__ import annotations
@@ -118,6 +119,51 @@ class TransferCoeffs:
         return calls * self.per_call_s + num_bytes / self.bytes_per_s
 
 
+class DecodeSpan:
+    """The closed-form clock of a decode span (`PerfModel.span`): its first step's time and
+    how much each later step adds (the context grows by the batch size per step). Built
+    once per span, so the simulator's many reads of a running span (its end, the steps done
+    by now) cost no step-time evaluation."""
+
+    __slots__ = ("first_step_s", "growth_s", "_linear", "_linear_squared", "_four_half",
+                 "_inverse")
+
+    def __init__(self, first_step_s: float, growth_s: float) -> None:
+        self.first_step_s = first_step_s
+        self.growth_s = growth_s  # per_context_token_s * batch size
+        # the inverse's constants: growth/2 k^2 + (first - growth/2) k = elapsed
+        half = growth_s / 2
+        self._linear = first_step_s - half
+        self._linear_squared = self._linear * self._linear
+        self._four_half = 4 * half
+        self._inverse = 1 / (2 * half) if half > 0 else 0.0
+
+    def time_s(self, steps: int) -> float:
+        """Time of the span's first `steps` steps."""
+        return steps * self.first_step_s + self.growth_s * steps * (steps - 1) / 2
+
+    def steps_within(self, elapsed_s: float, max_steps: int) -> int:
+        """How many whole steps (at most `max_steps`) are done `elapsed_s` after its start:
+        exact against `time_s`; the closed-form estimate only seeds the count."""
+        first, growth = self.first_step_s, self.growth_s
+        if growth > 0:
+            estimate = (math.sqrt(self._linear_squared + self._four_half * elapsed_s)
+                        - self._linear) * self._inverse
+        else:
+            estimate = elapsed_s / first if first > 0 else max_steps
+        steps = int(estimate)
+        if steps > max_steps:
+            steps = max_steps
+        elif steps < 0:
+            steps = 0
+        while steps < max_steps and ((steps + 1) * first
+                                     + growth * (steps + 1) * steps / 2) <= elapsed_s:
+            steps += 1
+        while steps > 0 and (steps * first + growth * steps * (steps - 1) / 2) > elapsed_s:
+            steps -= 1
+        return steps
+
+
 @dataclass(frozen=True, slots=True)
 class PerfModel:
     name: str
@@ -163,32 +209,21 @@ class PerfModel:
         shared = min(self.prefill.intercept_s, self.decode.intercept_s)
         return prefill + self.decode.step_s(batch_size, context_tokens) - shared
 
-    def span_time_s(self, batch_size: int, context_tokens: int, steps: int) -> float:
-        """Time of `steps` decode steps of a fixed batch whose context starts at
+    def span(self, batch_size: int, context_tokens: int) -> DecodeSpan:
+        """The clock of a span of decode steps of a fixed batch whose context starts at
         `context_tokens` and grows by `batch_size` each step."""
-        first = self.decode.step_s(batch_size, context_tokens)
-        growth = self.decode.per_context_token_s * batch_size
-        return steps * first + growth * steps * (steps - 1) / 2
+        decode = self.decode
+        return DecodeSpan(decode.step_s(batch_size, context_tokens),
+                          decode.per_context_token_s * batch_size)
+
+    def span_time_s(self, batch_size: int, context_tokens: int, steps: int) -> float:
+        """Time of `steps` decode steps of such a span (`span`)."""
+        return self.span(batch_size, context_tokens).time_s(steps)
 
     def steps_done_within(self, batch_size: int, context_tokens: int, elapsed_s: float,
                           max_steps: int) -> int:
         """How many whole steps of such a span are done `elapsed_s` after it started."""
-        first = self.decode.step_s(batch_size, context_tokens)
-        growth = self.decode.per_context_token_s * batch_size
-        if growth > 0:  # solve growth/2 k^2 + (first - growth/2) k = elapsed
-            half = growth / 2
-            linear = first - half
-            estimate = (-linear + math.sqrt(linear * linear + 4 * half * elapsed_s)) / (2 * half)
-        else:
-            estimate = elapsed_s / first if first > 0 else max_steps
-        steps = max(0, min(max_steps, int(estimate)))
-        # exact against span_time_s, whatever the rounding of the estimate
-        while steps < max_steps and self.span_time_s(batch_size, context_tokens,
-                                                     steps + 1) <= elapsed_s:
-            steps += 1
-        while steps > 0 and self.span_time_s(batch_size, context_tokens, steps) > elapsed_s:
-            steps -= 1
-        return steps
+        return self.span(batch_size, context_tokens).steps_within(elapsed_s, max_steps)
 
     def transfer_time_s(self, tokens: int, calls: int = 1) -> float:
         return self.transfer.time_s(tokens * self.kv_bytes_per_token, calls)

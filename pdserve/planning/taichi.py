@@ -97,6 +97,8 @@ def evaluate(point: SliderPoint, experiment: Experiment | None = None) -> PlanRe
     goodput = trial.goodput()
     passing = [p for p in goodput.points if p.rate_scale == goodput.rate_scale]
     summary = passing[0].summary if passing else None
+    if passing and passing[0].decided_early:  # its latency over the whole run
+        summary = trial.summarize(trial.simulate(goodput.rate_scale))
     return PlanResult(point, goodput.rate_rps,
                       summary.slo_attainment if summary else 0.0,
                       summary.ttft_s.p90 if summary else float("nan"),

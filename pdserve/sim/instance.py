@@ -12,7 +12,7 @@ from __future__ import annotations
 from pdserve.cluster.events import ClusterView
 from pdserve.instance.decode_forecast import DecodeForecast, DecodeLoadTracker
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
-from pdserve.perf.fitted import PerfModel
+from pdserve.perf.fitted import DecodeSpan, PerfModel
 from pdserve.sim.blocks import BlockTable
 from pdserve.sim.step_noise import instance_noise
 
@@ -23,6 +23,8 @@ class SimInstance:
         """`seed`: of the spread drawn around batches with prefill work, when `perf` has
         one (`sim/step_noise.py`)."""
         self.local = local
+        self.instance_id = local.instance_id  # constants of the instance (`InstanceLoad`)
+        self.total_blocks = local.total_blocks
         self.perf = perf
         self.noise = instance_noise(perf.prefill_step_cv, seed, local.instance_id)
         self.view = view  # read for the current time only
@@ -33,6 +35,11 @@ class SimInstance:
         self.version = 0  # bumps when the pending batch-done event is superseded
         self.blocks: BlockTable | None = None  # block ids, when transfers are aligned
         self.tracker: DecodeLoadTracker | None = None  # ARES's forecast, when asked for
+        self.span: DecodeSpan | None = None  # the running span's clock (a multi-step plan)
+        # the steps of the running span done at `_done_at_s` (policies read the load many
+        # times at one instant); -1: not known
+        self._done_at_s = -1.0
+        self._done_steps = 0
 
     # ---- running batches ----
     def start_batch(self, now_s: float) -> float | None:
@@ -44,10 +51,12 @@ class SimInstance:
         self.start_s = now_s
         if self.blocks is not None:
             self.blocks.start(plan)
+        self._done_at_s = -1.0
         if plan.steps > 1:
-            duration = self.perf.span_time_s(len(plan.decodes), plan.decode_context_tokens,
-                                             plan.steps)
+            span = self.span = self.perf.span(len(plan.decodes), plan.decode_context_tokens)
+            duration = span.time_s(plan.steps)
         else:
+            self.span = None
             duration = self.perf.batch_time_s(len(plan.decodes), plan.decode_context_tokens,
                                               plan.prefill_tokens, plan.prefill_attn_units)
             if self.noise is not None and plan.prefill_tokens:
@@ -57,8 +66,13 @@ class SimInstance:
         return self.end_s
 
     def _steps_done(self, plan: BatchPlan) -> int:
-        return self.perf.steps_done_within(len(plan.decodes), plan.decode_context_tokens,
-                                           self.view.now_s - self.start_s, plan.steps)
+        """Whole steps of the running span (`plan`, multi-step) done by now."""
+        now_s = self.view.now_s
+        if now_s != self._done_at_s:
+            self._done_steps = self.span.steps_within(  # type: ignore[union-attr]
+                now_s - self.start_s, plan.steps)
+            self._done_at_s = now_s
+        return self._done_steps
 
     def interrupt(self, now_s: float) -> float | None:
         """Cut a running span after its step in progress; returns the new end time if it
@@ -72,8 +86,8 @@ class SimInstance:
         self.local.shrink_span(plan, started)
         if self.blocks is not None:
             self.blocks.shrink(plan)
-        self.end_s = self.start_s + self.perf.span_time_s(len(plan.decodes),
-                                                          plan.decode_context_tokens, started)
+        self.end_s = self.start_s + self.span.time_s(started)  # type: ignore[union-attr]
+        self._done_at_s = -1.0
         self.version += 1
         return self.end_s
 
@@ -91,29 +105,30 @@ class SimInstance:
                                  *local.ready), steps)
 
     # ---- InstanceLoad ----
-    @property
-    def instance_id(self) -> int:
-        return self.local.instance_id
-
+    # Policies read these many times per event: each reads the local scheduler's parts in
+    # one call (the same figures as its own `InstanceLoad` properties), and the two
+    # constants are plain attributes (`instance_id`, `total_blocks`, set in __init__).
     @property
     def prefill_queue_len(self) -> int:
-        return self.local.prefill_queue_len
+        prefills = self.local.prefills
+        return len(prefills.waiting) + len(prefills.active)
 
     @property
     def prefill_queue_tokens(self) -> int:
-        return self.local.prefill_queue_tokens
+        return self.local.prefills.tokens
 
     @property
     def prefill_queue_attn_units(self) -> int:
-        return self.local.prefill_queue_attn_units
+        return self.local.prefills.attn_units
 
     @property
     def decode_queue_len(self) -> int:
-        return self.local.decode_queue_len
+        handoffs = self.local.handoffs
+        return len(handoffs.transfer_queue) + len(handoffs.transferring) + len(handoffs.ready)
 
     @property
     def decode_queue_tokens(self) -> int:
-        return self.local.decode_queue_tokens
+        return self.local.handoffs.incoming_tokens
 
     @property
     def running_decodes(self) -> int:
@@ -132,10 +147,6 @@ class SimInstance:
         if plan is None or plan.steps == 1:
             return self.local.used_blocks
         return self.local.blocks_after(plan, min(self._steps_done(plan) + 1, plan.steps))
-
-    @property
-    def total_blocks(self) -> int:
-        return self.local.total_blocks
 
     @property
     def preemptions_total(self) -> int:
@@ -167,5 +178,5 @@ class SimInstance:
         plan = self.plan
         if plan is None or plan.steps == 1:
             return self.local.decode_busy_s_total
-        return self.local.decode_busy_s_total + self.perf.span_time_s(
-            len(plan.decodes), plan.decode_context_tokens, self._steps_done(plan))
+        return self.local.decode_busy_s_total + self.span.time_s(  # type: ignore[union-attr]
+            self._steps_done(plan))

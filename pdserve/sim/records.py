@@ -34,6 +34,8 @@ class SimResult:
     sessions: SessionStats = field(default_factory=SessionStats)
     instance_s_total: float = 0.0  # instance-seconds run (stopped instances not counted)
     migrations: int = 0  # decode-to-decode moves that left their source (rebalancers)
+    decided_early: bool = False  # stopped once its SLO attainment was decided (a goodput
+    # step, `metrics/attainment_watch.py`): requests not done then are unfinished
 
     @property
     def role_changes(self) -> list[Decision]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pdserve.cluster.topology import GPU_LINK, GPUS_PER_NODE, Topology, gpu_link, network_link
 from pdserve.config import Config, effective_prefix_block_tokens, effective_transfer_mode
+from pdserve.metrics.attainment_watch import AttainmentWatch
 from pdserve.metrics.goodput import GoodputPoint, GoodputResult, search_goodput
 from pdserve.metrics.summary import Summary, summarize
 from pdserve.perf.fitted import PerfModel
@@ -22,7 +23,7 @@ from pdserve.policies.setup import PolicySetup
 from pdserve.sim.hetero import ClusterLayout, check_layout_roles, heterogeneous_layout
 from pdserve.sim.records import MAX_SPAN_STEPS
 from pdserve.sim.simulator import SimResult, SimSettings, Simulator
-from pdserve.types import SLO, Role, add_control_latency
+from pdserve.types import SLO, Role, add_control_latency, control_latency_shifts
 from pdserve.workload.sessions import is_session_workload, session_workload
 from pdserve.workload.synthetic import synthetic_workload
 from pdserve.workload.traces import load_trace
@@ -152,8 +153,11 @@ class Experiment:
         return policy_setup(self.config, self.perf, layout)
 
     def simulate(self, rate_scale: float | None = None, max_span_steps: int = MAX_SPAN_STEPS,
-                 on_progress: Callable[[int], None] | None = None) -> SimResult:
-        """One run at `rate_scale` (the config's by default)."""
+                 on_progress: Callable[[int], None] | None = None,
+                 decide_attainment: float | None = None) -> SimResult:
+        """One run at `rate_scale` (the config's by default). `decide_attainment`: stop as
+        soon as whether the SLO attainment reaches this target is decided
+        (`metrics/attainment_watch.py`: a goodput step)."""
         config = self.config
         layout = (heterogeneous_layout(config) if isinstance(config.cluster.instances, str)
                   else None)
@@ -166,15 +170,27 @@ class Experiment:
             check_layout_roles(config.policy.name, layout.roles)
         topology = layout.topology if layout else build_topology(config, self.perf, count)
         models = list(perfs) or list(self.instance_perfs) or self.perf
+        requests = workload.requests()
+        latency = control_latency(config, self.perf)
+        watch = None if decide_attainment is None else AttainmentWatch(
+            requests, self.slo, decide_attainment,
+            control_latency_shifts(len(requests), *latency, config.seed))
         result = Simulator(policy, count, models, settings, topology).run(
-            workload.requests(), on_progress)
-        add_control_latency(result.requests, *control_latency(config, self.perf), config.seed)
+            requests, on_progress, watch)
+        add_control_latency(result.requests, *latency, config.seed)
         return result
 
     def summarize(self, result: SimResult) -> Summary:
         return summarize(result.requests, self.slo)
 
-    def goodput(self, on_point: Callable[[GoodputPoint], None] | None = None) -> GoodputResult:
-        return search_goodput(lambda scale: self.summarize(self.simulate(scale)),
-                              self.workload.mean_rate_rps, self.config.goodput.target,
-                              self.config.goodput.tolerance, on_point=on_point)
+    def goodput(self, on_point: Callable[[GoodputPoint], None] | None = None,
+                stop_when_decided: bool = True) -> GoodputResult:
+        """The goodput search; each step's run stops once its attainment is decided either
+        way (`stop_when_decided`), which changes no verdict and so not the result, only the
+        figures of the stopped points (see `metrics/attainment_watch.py`)."""
+        target = self.config.goodput.target
+        decide = target if stop_when_decided else None
+        return search_goodput(
+            lambda scale: self.summarize(self.simulate(scale, decide_attainment=decide)),
+            self.workload.mean_rate_rps, target, self.config.goodput.tolerance,
+            on_point=on_point)

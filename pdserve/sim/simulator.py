@@ -64,6 +64,7 @@ from pdserve.instance.decode_forecast import DecodeLoadTracker
 from pdserve.instance.local_scheduler import BatchPlan, LocalScheduler
 from pdserve.instance.prefix_cache import PrefixCache
 from pdserve.instance.queue_order import bind_order
+from pdserve.metrics.attainment_watch import AttainmentWatch
 from pdserve.perf.fitted import PerfModel
 from pdserve.policies.base import Policy
 from pdserve.sim.blocks import BlockTable
@@ -81,10 +82,6 @@ _BATCH_DONE, _LINK_EVENT, _TICK, _ARRIVAL, _INSTANCE_STARTED = 0, LINK_EVENT, 2,
 
 
 STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
-
-
-def _only_tick_pending(heap: list[tuple[float, int, int, object, int]]) -> bool:
-    return len(heap) == 1 and heap[0][2] == _TICK
 
 
 class Simulator:
@@ -139,6 +136,7 @@ class Simulator:
         self._completed = 0
         self._arrivals_pending = False
         self._stalled_ticks = 0
+        self._watch: AttainmentWatch | None = None  # a goodput step's early stop (`run`)
         self.transfers = KVTransfers(self.instances, self.perfs, LinkSimulator(self.topology),
                                      self.settings, self._clock, self._push, self._touch)
         self.lifecycle = InstanceLifecycle(self.instances, self.settings.instance_startup_s)
@@ -156,18 +154,23 @@ class Simulator:
 
     def _touch(self, instance: SimInstance) -> None:
         """New work for `instance`: cut its span short, or start it after this event."""
-        new_end = instance.interrupt(self.view.now_s)
-        if new_end is not None:
-            self._push(new_end, _BATCH_DONE, instance, instance.version)
-        if instance.plan is None:
+        plan = instance.plan
+        if plan is None:
             self._kicked.append(instance)
+        elif plan.steps > 1:  # a one-step batch ends as planned
+            new_end = instance.interrupt(self.view.now_s)
+            if new_end is not None:
+                self._push(new_end, _BATCH_DONE, instance, instance.version)
 
     def _start_kicked(self) -> None:
+        now_s, heap = self.view.now_s, self._heap
         for instance in self._kicked:
             if instance.plan is None:
-                end = instance.start_batch(self.view.now_s)
+                end = instance.start_batch(now_s)
                 if end is not None:
-                    self._push(end, _BATCH_DONE, instance, instance.version)
+                    self._seq += 1
+                    heapq.heappush(heap, (end, self._seq, _BATCH_DONE, instance,
+                                          instance.version))
                 if instance.local.history_reads:
                     self.sessions.start_history_reads(instance, self.transfers)
         self._kicked.clear()
@@ -206,8 +209,12 @@ class Simulator:
         action.request.rejected_reason = action.reason
         self._outstanding -= 1
         self._completed += 1
+        later_rounds = 0
         if action.request.session_id >= 0:
-            self._completed += self.sessions.on_reject(action.request, action.reason)
+            later_rounds = self.sessions.on_reject(action.request, action.reason)
+            self._completed += later_rounds
+        if self._watch is not None:
+            self._watch.rejected(action.request, later_rounds)
 
     def set_role(self, action: SetRole) -> None:
         pass  # the scheduler's board has the role; `apply_actions` logged the decision
@@ -236,6 +243,8 @@ class Simulator:
     # ---- event handlers ----
     def _arrive(self, request: Request) -> None:
         self._outstanding += 1
+        if self._watch is not None:
+            self._watch.arrived(request)
         if request.history_tokens:
             self.sessions.on_arrival(request)
         self._apply(self.scheduler.handle(Arrival(request), self.view))
@@ -245,7 +254,8 @@ class Simulator:
         assert plan is not None
         instance.plan = None
         now = self.view.now_s
-        self._record_tokens(instance, plan, now)
+        if plan.decodes:
+            self._record_tokens(instance, plan, now)
         result = instance.local.complete(plan, now - instance.start_s)
         if instance.blocks is not None:
             instance.blocks.done(result.finished)
@@ -253,10 +263,12 @@ class Simulator:
         if self.tracker is not None:
             for request in result.finished:
                 self.tracker.observe_finished(request)
-        for request in result.finished:
+        for request in result.finished:  # (the loops below are empty in most batches)
             if math.isnan(request.first_token_s):
                 request.first_token_s = now
             request.finish_s = now
+            if self._watch is not None:
+                self._watch.finished(request)
             self._outstanding -= 1
             self._completed += 1
             self._apply(handle(Finished(request, instance.local.instance_id), self.view))
@@ -276,18 +288,16 @@ class Simulator:
         self._kicked.append(instance)
 
     def _record_tokens(self, instance: SimInstance, plan: BatchPlan, end_s: float) -> None:
-        """Each decode of `plan` emitted one token per step; steps grow longer as the
-        context grows, so the last step is the widest gap inside the batch."""
+        """Each decode of `plan` (it has some) emitted one token per step; steps grow longer
+        as the context grows, so the last step is the widest gap inside the batch."""
         decodes = plan.decodes
-        if not decodes:
-            return
         if plan.steps == 1:
             record_decode_tokens(decodes, end_s, end_s)
             return
-        batch, context, steps = len(decodes), plan.decode_context_tokens, plan.steps
-        step = instance.perf.decode.step_s
-        record_decode_tokens(decodes, instance.start_s + step(batch, context), end_s,
-                             step(batch, context + batch * (steps - 1)))
+        batch, steps = len(decodes), plan.steps
+        record_decode_tokens(decodes, instance.start_s + instance.span.first_step_s,  # type: ignore[union-attr]
+                             end_s, instance.perf.decode.step_s(
+                                 batch, plan.decode_context_tokens + batch * (steps - 1)))
 
     def _on_instance_started(self, instance_id: int) -> None:
         if self.lifecycle.started(instance_id, self.view.now_s):
@@ -296,6 +306,8 @@ class Simulator:
             self._apply(self.scheduler.handle(InstanceStarted(instance_id), self.view))
 
     def _on_tick(self) -> None:
+        if self._watch is not None:
+            self._watch.tick(self.view.now_s)
         self._apply(self.scheduler.handle(Tick(), self.view))
         stopped = self.lifecycle.stopped
         self.cluster_history.sample(self.view.now_s, self.instances, self.scheduler.roles,
@@ -312,9 +324,13 @@ class Simulator:
 
     # ---- main loop ----
     def run(self, requests: list[Request],
-            on_progress: Callable[[int], None] | None = None) -> SimResult:
-        """Simulate `requests` (sorted by arrival) to completion."""
+            on_progress: Callable[[int], None] | None = None,
+            watch: AttainmentWatch | None = None) -> SimResult:
+        """Simulate `requests` (sorted by arrival) to completion, or, with a `watch`, until
+        it has decided the run's SLO attainment either way (`decided_early` in the result;
+        the requests not done then stay unfinished)."""
         self.cluster_history.samples.clear()
+        self._watch = watch
         view, heap = self.view, self._heap
         arrivals = iter(self.sessions.load(requests))
         next_arrival = next(arrivals, None)
@@ -350,7 +366,9 @@ class Simulator:
             events += 1
             if self._kicked:
                 self._start_kicked()
-            if _only_tick_pending(heap):
+            if watch is not None and watch.decided:
+                break
+            if len(heap) == 1 and heap[0][2] == _TICK:  # only the next monitor tick left
                 self._stalled_ticks = self._stalled_ticks + 1 if self._stalled() else 0
                 if self._stalled_ticks >= STALL_TICKS:
                     raise RuntimeError(
@@ -365,4 +383,5 @@ class Simulator:
         return SimResult(requests, list(history.samples), list(history.decisions),
                          view.now_s, events, self._initial_roles, self.transfers.calls, hits,
                          self.sessions.stats, self.lifecycle.instance_s_total(view.now_s),
-                         self.transfers.migrated)
+                         self.transfers.migrated,
+                         decided_early=watch is not None and watch.decided)
