@@ -206,7 +206,9 @@ def fixed_candidate(base: Config) -> tuple[Candidate, str]:
     name, cluster = base.policy.name, base.cluster
     space = SEARCH_SPACES.get(name)
     tp = base.perf.tp or 1
-    if space is not None and space.shape == "colocated":
+    if isinstance(cluster.instances, str):
+        text = f"{cluster.instances} TP{tp}"
+    elif space is not None and space.shape == "colocated":
         text = f"{cluster.instances} x TP{tp}"
     else:
         text = f"{cluster.prefill}P + {cluster.decode}D TP{tp}" + (
