@@ -123,7 +123,7 @@ class SeedResult:
     stationary: bool
     history: tuple[float, ...]
     requests: int  # replayed by the final run at the goodput rate
-    capped: bool  # the workload ran out: the last doubling replayed no more requests
+    capped: bool  # the workload ran out (no more requests, or a trace's every one)
     ttft_p90_s: float
     tpot_p90_s: float
 
@@ -254,7 +254,10 @@ def _measure_seed(task: _SeedTask) -> SeedResult:
 
     found = stationary_goodput(goodput_at, m.stationary_tol, m.max_doublings)
     last: TrialResult = trials[found.factor]
-    capped = last.requests > 0 and last.requests <= trials[found.factor // 2].requests
+    # the workload ran out: the doubled run replayed no more requests, or a trace's every
+    # request (each seed is then the same window)
+    capped = last.requests > 0 and (last.requests <= trials[found.factor // 2].requests
+                                    or last.requests >= len(samples.full))
     return SeedResult(task.seed, found.goodput_rps, found.factor, found.stationary,
                       found.history, last.requests, capped, last.ttft_p90_s, last.tpot_p90_s)
 
