@@ -226,7 +226,9 @@ def tune(comparison: Comparison, contender: Contender) -> TunedContender:
     rows = [r for r in policy_rows(outcome, comparison.budget.long.rel_tol)
             if r.goodput.mean > 0]
     if not rows:
-        return TunedContender(contender, None, "-", 0.0, screened, outcome.stopped_at_limit)
+        why = ("the search stopped at its time limit before any trial met the SLOs"
+               if outcome.stopped_at_limit else "nothing meets the SLOs")
+        return TunedContender(contender, None, why, 0.0, screened, outcome.stopped_at_limit)
     best = rows[0]
     return TunedContender(contender, best.candidate, best.candidate.describe(),
                           best.goodput.mean, screened,
@@ -287,7 +289,7 @@ class VerdictRun:
             tuned.append(tune(c, contender))
             t = tuned[-1]
             self.on_progress(f"{c.name}: tuned {contender.label}: "
-                             + (t.description if t.candidate else "nothing meets the SLOs")
+                             + t.description
                              + (f" ({t.tuned_goodput_rps:.3g} req/s)" if c.tune else ""))
         tasks = [_SeedTask(t.contender.config(c.base), t.candidate, m, seed,
                            t.tuned_goodput_rps)
