@@ -318,7 +318,7 @@ def format_verdict(result: VerdictResult) -> str:
              + ("each contender tuned by the same planner search" if result.tuned
                 else "every contender at the same fixed deployment, not tuned") + ")",
              f"{'contender':<26}{'deployment':<40}{'goodput req/s (95% CI)':>30}"
-             f"{'seeds':>6}{'run':>16}{'stationary':>12}"]
+             f"{'seeds':>6}{'run':>18}  stationary"]
     for r in result.contenders:
         g = r.goodput
         half = (g.high - g.low) / 2
@@ -330,7 +330,7 @@ def format_verdict(result: VerdictResult) -> str:
             flags += ", search cut"
         lines.append(f"{r.label:<26}{r.deployment[:39]:<40}"
                      f"{f'{g.mean:.4g} +- {half:.2g} [{g.low:.4g}, {g.high:.4g}]':>30}"
-                     f"{len(r.seeds):>6}{run:>16}{flags:>12}")
+                     f"{len(r.seeds):>6}{run:>18}  {flags}")
     first = result.contenders[0].label
     for o in result.outcomes:
         word = {WIN: "WIN", LOSS: "LOSS", TIE: "TIE (the 95 % intervals overlap)"}[o.result]
