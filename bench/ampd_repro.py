@@ -21,6 +21,8 @@ Every H20 is priced by `--backend` (default: the presets' default, the newest vL
 for the H100's tables, scaled to the H20 per bound); the header names it.
 
     python bench/ampd_repro.py            # a few minutes on 2 cores
+    python bench/ampd_repro.py --quick    # 4 sessions per run (GAIA 2), no planner: the test
+                                          # suite's run
 """
 
 from __future__ import annotations
@@ -227,7 +229,11 @@ def main() -> None:
     parser.add_argument("--skip-planner", action="store_true")
     parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
                         "sglang, trtllm (@version optional) or vidur [%(default)s]")
+    parser.add_argument("--quick", action="store_true", help="4 sessions per run, no planner "
+                        "(checks the script runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.skip_planner = 4, True
     started = time.perf_counter()
     for model, tp in MODELS.items():
         print(f"{model} on H20: priced by {perf_model(model, 'h20', tp, args.backend).name}")

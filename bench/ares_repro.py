@@ -22,6 +22,8 @@ step at 50 % KV). Goodput is SLO-meeting requests per second at the offered rate
 
     python bench/ares_repro.py                 # all tables (~10 min on 2 shared cores)
     python bench/ares_repro.py --tables 1 --requests 300
+    python bench/ares_repro.py --quick         # every table, tiny (20 requests, 8 decode
+                                               # instances for 60 s): the test suite's run
 """
 
 from __future__ import annotations
@@ -239,7 +241,12 @@ def main() -> None:
                         help="seconds before table 3 samples the variance")
     parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
                         "sglang, trtllm (@version optional) or vidur [%(default)s]")
+    parser.add_argument("--quick", action="store_true", help="every table, tiny: 20 requests, "
+                        "1 seed, 8 decode instances for 60 s (checks the script runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.seeds, args.sizes = 20, 1, "8"
+        args.duration, args.warmup = 60.0, 10.0
     tables = set(args.tables.split(","))
     perf = perf_model(MODEL, GPU, 1, args.backend)
     print(f"priced by {perf.name}: KV {perf.kv_capacity_tokens:,} tokens per instance",

@@ -13,6 +13,8 @@ and Arrow's pool sizes over time at its goodput rate.
 
     python bench/arrow_repro.py --out docs/results/arrow      # about 10 minutes on 2 cores
     python bench/arrow_repro.py --backend vidur ...          # the Vidur-calibrated model
+    python bench/arrow_repro.py --quick --out /tmp/arrow     # each trace's first 20 s, a 30 %
+                                                             # search: the test suite's run
 """
 
 from __future__ import annotations
@@ -50,12 +52,17 @@ class Outcome:
     roles: list[list[str]]
 
 
-def run_job(trace: str, policy: str, prefill: int, tolerance: float, backend: str) -> Outcome:
+QUICK_DURATION_S = 20.0  # --quick: each trace's first seconds
+
+
+def run_job(trace: str, policy: str, prefill: int, tolerance: float, backend: str,
+            quick: bool = False) -> Outcome:
+    window = {"workload.duration_s": QUICK_DURATION_S} if quick else {}
     config = Config().with_values({
         "perf.model": MODEL, "perf.gpu": GPU, "perf.backend": backend,
         "workload.trace": trace, "policy.name": policy, "cluster.prefill": prefill,
         "cluster.decode": 8 - prefill, "cluster.instances": 8, "goodput.tolerance": tolerance,
-        **TRACES[trace]})
+        **TRACES[trace], **window})
     experiment = Experiment.from_config(config)
     goodput = experiment.goodput()
     scale = goodput.rate_scale or min(p.rate_scale for p in goodput.points)
@@ -76,7 +83,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
                         "sglang, trtllm (@version optional) or vidur [%(default)s]")
+    parser.add_argument("--quick", action="store_true", help=f"each trace's first "
+                        f"{QUICK_DURATION_S:g} s, goodput to 30 %% (checks the script runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.tolerance = 0.3
     args.out.mkdir(parents=True, exist_ok=True)
     priced_by = perf_model(MODEL, GPU, 1, args.backend).name
     print(f"8 x {GPU}, priced by {priced_by}", flush=True)
@@ -86,7 +97,8 @@ def main() -> None:
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         outcomes = list(pool.map(run_job, *zip(*jobs, strict=True),
-                                 [args.tolerance] * len(jobs), [args.backend] * len(jobs)))
+                                 [args.tolerance] * len(jobs), [args.backend] * len(jobs),
+                                 [args.quick] * len(jobs)))
     report: dict[str, object] = {"perf_model": priced_by}
     for trace in args.traces:
         mine = {o.label: o for o in outcomes if o.trace == trace}

@@ -32,6 +32,8 @@ for each GPU; the L20 and H20 scaled from the L40S's and H100's tables); the hea
 model and version of each GPU's source.
 
     python bench/flowkv_repro.py --out docs/results/flowkv   # about 3 minutes on 2 cores
+    python bench/flowkv_repro.py --quick     # every part on 20 requests (traces: 60 s), the
+                                             # 8B setups only: the test suite's run
 """
 
 from __future__ import annotations
@@ -73,7 +75,22 @@ B_RATES = [2.0, 4.0, 6.0, 8.0, 10.0]
 D_SCALES = [0.6, 0.7, 0.8]
 
 
+# --quick: what every run's config gets last (`quick_values`); empty for the real runs
+QUICK: dict[str, object] = {}
+
+
+def quick_values(config: Config) -> Config:
+    """The config cut to --quick's size: 20 synthetic requests, or a trace's first 60 s."""
+    if not QUICK:
+        return config
+    if config.workload.trace == "synthetic":
+        return config.with_values({"workload.synthetic_requests": min(
+            20, config.workload.synthetic_requests)})
+    return config.with_values({"workload.duration_s": 60.0})
+
+
 def run(config: Config, flowkv: FlowKVSettings | None = None) -> tuple[Summary, SimResult]:
+    config = quick_values(config)
     experiment = Experiment.from_config(config.with_values({"policy.flowkv": flowkv})
                                         if flowkv else config)
     result = experiment.simulate()
@@ -182,7 +199,7 @@ def part_d(base: Config) -> dict:
             "perf.model": "llama-3.1-8b", "perf.gpu": "a100", "slo.ttft_s": 30.0,
             "slo.tpot_s": 0.1, "policy.flowkv.prefix_aware_routing": aware,
             "goodput.tolerance": 0.01})
-        experiment = Experiment.from_config(config)
+        experiment = Experiment.from_config(quick_values(config))
         goodput = experiment.goodput()
         result = experiment.simulate(goodput.rate_scale or 0.05)
         label = "prefix-aware" if aware else "prefix-blind"
@@ -285,7 +302,12 @@ def main() -> None:
     parser.add_argument("--parts", default="abcdes", help="which parts to run [abcdes]")
     parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
                         "sglang, trtllm (@version optional) or vidur [%(default)s]")
+    parser.add_argument("--quick", action="store_true", help="every part tiny: 20 requests, "
+                        "traces' first 60 s, the 8B setups (checks the script runs)")
     args = parser.parse_args()
+    if args.quick:
+        QUICK["on"] = True
+        A_SETUPS[:] = [setup for setup in A_SETUPS if setup[1] == 1]
     started = time.perf_counter()
     base = Config().with_values({"perf.backend": args.backend})
     priced_by = {f"{model} {gpu} tp{tp}": perf_model(model, gpu, tp, args.backend).name

@@ -55,6 +55,13 @@ def test_hybrid_setting_cobatches_and_keeps_decodes_in_place_without_pressure():
     decode_on = {r.decode_instance for r in result.requests}
     assert decode_on <= {2, 3}  # no pressure: every decode stays on a D-heavy instance
     assert result.migrations == 0
+    # in place: a decode prefilled on a D-heavy instance continues there, with no transfer;
+    # one prefilled on a P-heavy instance moves to a D-heavy one once (Alg. 1's start)
+    on_d = [r for r in result.requests if r.prefill_instance in (2, 3)]
+    on_p = [r for r in result.requests if r.prefill_instance in (0, 1)]
+    assert on_d and on_p
+    assert all(r.decode_instance == r.prefill_instance and r.transfer_s == 0 for r in on_d)
+    assert all(r.decode_instance in (2, 3) and r.transfer_s > 0 for r in on_p)
     assert {r.prefill_instance for r in result.requests} == {0, 1, 2, 3}
     assert any(r.cobatched_prefill_tokens > 0 for r in result.requests)
 

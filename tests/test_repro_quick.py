@@ -1,0 +1,62 @@
+"""Each paper reproduction script's `--quick` mode runs to its end and prints its tables (tiny
+sizes: whether the script still runs, not its figures; the figures are docs/results/'s).
+
+Slow: 6-10 s of CPU each, but 34-106 s of wall time on the shared 2-core machine (measured
+2026-11-24, load average ~7). `bench/taichi_repro.py` has `--defaults-check` and is being
+re-run by the lead; its `--quick` is not here yet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_script(*args: str, timeout_s: float = 300.0) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout_s)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_ares_repro_quick() -> None:
+    out = run_script("bench/ares_repro.py", "--quick")
+    for heading in ("table 1", "table 2", "table 3", "table 4"):
+        assert heading in out
+    assert out.count("ares (oracle)") >= 6 + 2  # table 1's six cases, table 4's two rates
+
+
+@pytest.mark.slow
+def test_arrow_repro_quick(tmp_path: Path) -> None:
+    out = run_script("bench/arrow_repro.py", "--quick", "--jobs", "1", "--out", str(tmp_path))
+    assert out.count("arrow / min-load goodput") == 3
+    assert (tmp_path / "arrow_repro.json").exists()
+    assert (tmp_path / "attainment_azure-code.png").exists()
+
+
+@pytest.mark.slow
+def test_flowkv_repro_quick() -> None:
+    out = run_script("bench/flowkv_repro.py", "--quick")
+    for part in ("(a) llama-3.1-8b", "(b)", "(c)", "(d)", "(e)", "sensitivity"):
+        assert part in out
+    assert "llama-3.1-70b tp4 in" not in out  # --quick keeps the 8B setups
+
+
+@pytest.mark.slow
+def test_ampd_repro_quick() -> None:
+    out = run_script("bench/ampd_repro.py", "--quick")
+    assert "mean relative gain" in out and "Sensitivity" in out
+    assert "Planner wall time" not in out
+
+
+def test_verdicts_lists_every_comparison_and_claim() -> None:
+    out = run_script("bench/verdicts.py", "--list")
+    for paper in ("Arrow", "ARES", "AMPD", "TaiChi", "FlowKV"):
+        assert out.count(f"    {paper}:") >= 3
