@@ -29,6 +29,8 @@ time to build): goodputs fall by ~10-30 % from 600 to 1500 chat requests.
 
     python bench/taichi_repro.py --out docs/results/taichi/taichi_repro.json
     python bench/taichi_repro.py --defaults-check    # taichi's defaults vs colocated
+    python bench/taichi_repro.py --quick             # whether it runs: 14B chat and arXiv
+                                                     # SLO1, 11 settings, 60 requests
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -54,6 +57,7 @@ MODELS = {"qwen2.5-14b": (1, 0.0), "qwen2.5-32b": (2, 0.010)}  # tp, TPOT SLO re
 PAPER_D_CHUNK = {("chat", 1): 512, ("chat", 2): 128, ("summarization", 1): 256,
                  ("summarization", 2): 128, ("summ-long", 1): 256, ("summ-long", 2): 128}
 CHUNKS, D_CHUNKS = (256, 512, 1024, 2048), (0, 128, 256, 512)
+QUICK_GRID = ((256, 1024), (0, 256, 512))  # still holds the paper's SLO1 sliders
 
 
 @dataclass
@@ -95,9 +99,11 @@ def p90_over_slo(experiment: Experiment, config: Config, rate_rps: float) -> tup
 
 
 def run_setup(backend: str, model: str, workload: str, slo: int, requests: int,
-              tolerance: float, processes: int, time_limit_s: float) -> SetupResult:
+              tolerance: float, processes: int, time_limit_s: float,
+              grid: tuple[Sequence[int], Sequence[int]] = (CHUNKS, D_CHUNKS)) -> SetupResult:
+    """`grid`: the S_P and S_D values searched (--quick: fewer)."""
     base = base_config(backend, model, workload, slo, requests, tolerance)
-    points = slider_grid(4, CHUNKS, D_CHUNKS)
+    points = slider_grid(4, *grid)
     results = search(base, points, processes, time_limit_s)
     by_point = {r.point: r for r in results}
     aggregation = max((r for r in results if r.point.mode == "aggregation"),
@@ -185,6 +191,9 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--defaults-check", action="store_true",
                         help="only compare taichi's default sliders with colocated (chat SLO1)")
+    parser.add_argument("--quick", action="store_true", help="whether the script runs, not "
+                        "its figures: 14B chat and summarization SLO1 (and the breakdown), 11 "
+                        "slider settings, 60 requests, goodput to 20 %%")
     parser.add_argument("--backend", default=DEFAULT_BACKEND, help="performance source: vllm, "
                         "sglang, trtllm (@version optional) or vidur [%(default)s]")
     args = parser.parse_args()
@@ -198,6 +207,10 @@ def main() -> None:
         return
     setups = [(m, w, s) for m in MODELS for w in WORKLOADS for s in (1, 2)
               if not (w == "summ-long" and m != "qwen2.5-14b")]
+    grid: tuple[Sequence[int], Sequence[int]] = (CHUNKS, D_CHUNKS)
+    if args.quick:
+        args.only = args.only or "qwen2.5-14b:chat:1,qwen2.5-14b:summarization:1"
+        args.requests, args.tolerance, grid = args.requests or 60, 0.2, QUICK_GRID
     if args.only:
         wanted = {tuple(x.split(":")) for x in args.only.split(",")}
         setups = [x for x in setups if (x[0], x[1], str(x[2])) in wanted]
@@ -205,7 +218,7 @@ def main() -> None:
     results = []
     for model, workload, slo in setups:
         r = run_setup(args.backend, model, workload, slo, args.requests, args.tolerance,
-                      args.processes, args.time_limit)
+                      args.processes, args.time_limit, grid)
         results.append(r)
         paper = r.taichi_paper
         best_taichi = max(r.taichi_searched.goodput_rps, paper.goodput_rps if paper else 0)

@@ -2,8 +2,7 @@
 sizes: whether the script still runs, not its figures; the figures are docs/results/'s).
 
 Slow: 6-10 s of CPU each, but 34-106 s of wall time on the shared 2-core machine (measured
-2026-11-24, load average ~7). `bench/taichi_repro.py` has `--defaults-check` and is being
-re-run by the lead; its `--quick` is not here yet."""
+2026-11-24, load average ~7; TaiChi's 7 s of CPU, 10 s wall)."""
 
 from __future__ import annotations
 
@@ -54,6 +53,15 @@ def test_ampd_repro_quick() -> None:
     out = run_script("bench/ampd_repro.py", "--quick")
     assert "mean relative gain" in out and "Sensitivity" in out
     assert "Planner wall time" not in out
+
+
+@pytest.mark.slow
+def test_taichi_repro_quick(tmp_path: Path) -> None:
+    out = run_script("bench/taichi_repro.py", "--quick", "--out", str(tmp_path / "t.json"))
+    assert out.count("11 settings; goodput req/s") == 2  # chat and summarization SLO1
+    assert out.count("\n  taichi (paper)  ") == 2  # the paper's sliders are on the quick grid
+    assert "+ length-aware prefill (taichi)" in out  # the Fig. 18 breakdown ran
+    assert (tmp_path / "t.json").exists()
 
 
 def test_verdicts_lists_every_comparison_and_claim() -> None:
