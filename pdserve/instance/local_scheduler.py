@@ -424,8 +424,10 @@ class LocalScheduler:
         if not 1 <= steps <= plan.steps:
             raise ValueError(f"steps must be in 1..{plan.steps}, got {steps}")
         freed = 0
-        for request in plan.decodes:
-            blocks = blocks_for(request.sequence_tokens + steps - 1)
+        extra = steps - 1
+        for request in plan.decodes:  # blocks_for(sequence_tokens + extra), inline (hot)
+            blocks = -(-(request.input_tokens + request.generated_tokens + extra)
+                       // KV_BLOCK_TOKENS)
             freed += request.kv_blocks - blocks
             request.kv_blocks = blocks
         self.budget.give(freed)
@@ -434,8 +436,11 @@ class LocalScheduler:
     def blocks_after(self, plan: BatchPlan, steps: int) -> int:
         """Blocks in use once `steps` steps of `plan` have been scheduled (for a view of an
         instance part-way through a multi-step plan)."""
-        excess = sum(r.kv_blocks - blocks_for(r.sequence_tokens + steps - 1)
-                     for r in plan.decodes)
+        extra = steps - 1
+        excess = 0
+        for r in plan.decodes:  # blocks_for(sequence_tokens + extra), inline (hot)
+            excess += r.kv_blocks + (r.input_tokens + r.generated_tokens + extra) \
+                // -KV_BLOCK_TOKENS
         return self.budget.used_blocks - excess
 
     # ---- batch completion ----
