@@ -105,6 +105,9 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "chunk_size_tokens": Path("instance.chunk_size_tokens"),
         "max_batch_size": Path("instance.max_batch_size"),
         "queue_order": "the policy's prefill queue order",
+        "phase_priority": "the policy's phase priority",
+        "prefix_cache": "built by the world when instance.prefix_block_tokens (or the engine's "
+                        "prefix block size) asks for one",
     }),
     ArrowContext: (SIM, {
         "ttft_slo_s": Path("slo.ttft_s"),

@@ -165,15 +165,22 @@ class DecodeSpan:
             steps = max_steps
         elif steps < 0:
             steps = 0
-        while steps < max_steps and ((steps + 1) * first
-                                     + growth * (steps + 1) * steps / 2) <= elapsed_s:
-            steps += 1
-        while steps > 0 and (steps * first + growth * steps * (steps - 1) / 2) > elapsed_s:
-            steps -= 1
+        # time_s(k) = k * first + growth * k * (k - 1) / 2, each bound evaluated once
+        end_s = math.inf  # time_s(steps + 1) once known
         if steps < max_steps:
-            self._step = steps
-            self._step_start_s = steps * first + growth * steps * (steps - 1) / 2
-            self._step_end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
+            end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
+            while end_s <= elapsed_s:
+                steps += 1
+                if steps == max_steps:
+                    break
+                end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
+        start_s = steps * first + growth * steps * (steps - 1) / 2
+        while steps > 0 and start_s > elapsed_s:
+            steps -= 1
+            end_s = start_s
+            start_s = steps * first + growth * steps * (steps - 1) / 2
+        if steps < max_steps:
+            self._step, self._step_start_s, self._step_end_s = steps, start_s, end_s
         return steps
 
 
