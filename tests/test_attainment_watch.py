@@ -4,6 +4,7 @@ way, and the search takes the same path to the same rate as with full runs."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -123,3 +124,48 @@ def test_the_search_takes_the_same_path_to_the_same_rate() -> None:
         assert (a.summary.slo_attainment >= target) == (b.summary.slo_attainment >= target)
         assert not a.decided_early
     assert sum(p.decided_early for p in early.points) >= len(early.points) // 2
+
+
+def test_a_watch_that_does_not_decide_a_pass_decides_a_fail() -> None:
+    requests = _requests(10)
+    watch = AttainmentWatch(requests, SLO_1S, 0.8, [0.0] * 10, decides_pass=False)
+    for request in requests[:9]:
+        _finish(request, 0.5, 0.05)
+        watch.finished(request)
+    assert watch.passes and not watch.decided  # a pass runs to its end
+    failing = AttainmentWatch(requests, SLO_1S, 0.8, [0.0] * 10, decides_pass=False)
+    for request in requests[:3]:
+        failing.rejected(request)
+    assert failing.decided and not failing.passes
+
+
+def test_the_planners_trials_stop_failing_steps_with_the_same_result(monkeypatch) -> None:
+    """`planning/fidelity.py`: the same rate, search path and latencies at the rate found
+    (its passing step ran in full), in fewer events."""
+    from pdserve.planning.candidates import enumerate_candidates
+    from pdserve.planning.fidelity import Fidelity, Trial, WorkloadSamples, run_trial
+    from pdserve.policies.search_spaces import SEARCH_SPACES
+
+    base = _experiment(control_latency=True).config
+    samples = WorkloadSamples(base, 1)
+    fidelity = Fidelity("short", duration_s=20.0, min_requests=200, rel_tol=0.05, step=1.25)
+    [candidate] = [c for c in enumerate_candidates(SEARCH_SPACES["static-pd"], 2, [1])
+                   if c.settings["instance.chunk_size_tokens"] == 2048]
+    trial = Trial(0, candidate, fidelity, 0, guess_rps=3.0)
+    runs: list[tuple[bool, int]] = []  # (stopped early, events) of each step's run
+    simulate = Experiment.simulate
+
+    def recorded(self: Experiment, *args: object, **kwargs: object) -> object:
+        result = simulate(self, *args, **kwargs)  # type: ignore[arg-type]
+        runs.append((result.decided_early, result.events))
+        return result
+
+    monkeypatch.setattr(Experiment, "simulate", recorded)
+    full = run_trial(trial, samples, stop_when_decided=False)
+    full_runs, runs[:] = list(runs), []
+    early = run_trial(trial, samples)
+    assert full.goodput_rps > 0 and full.runs >= 4
+    assert not any(stopped for stopped, _ in full_runs)
+    assert sum(stopped for stopped, _ in runs) >= 2
+    assert sum(events for _, events in runs) < sum(events for _, events in full_runs)
+    assert replace(early, wall_s=0.0) == replace(full, wall_s=0.0)

@@ -77,6 +77,23 @@ def test_span_time_equals_sum_of_steps_and_steps_done_inverts_it(perf: PerfModel
     assert perf.steps_done_within(batch, context, 1e9, 500) == 500
 
 
+def test_a_spans_repeated_reads_answer_as_a_fresh_span_does(perf: PerfModel):
+    """`DecodeSpan.steps_within` keeps the step it found last; reads in any order, at step
+    boundaries and with a smaller cap (a cut span) answer as a span read once."""
+    span = perf.span(5, 4000)
+    bounds = [span.time_s(k) for k in range(60)]
+    rng = np.random.default_rng(7)
+    reads = [*bounds, *(b + d for b in bounds for d in (-1e-12, 1e-12)),
+             *rng.uniform(0, bounds[-1] * 1.1, 300)]
+    rng.shuffle(reads)
+    for elapsed in reads:
+        elapsed = max(0.0, float(elapsed))
+        for cap in (50, 17, 1):
+            fresh = perf.span(5, 4000).steps_within(elapsed, cap)
+            assert span.steps_within(elapsed, cap) == fresh
+            assert fresh == min(cap, max(k for k in range(60) if bounds[k] <= elapsed))
+
+
 def test_llama_8b_spec_matches_its_published_size():
     spec = model_spec("llama-3.1-8b")
     assert spec.params == pytest.approx(8.03e9, rel=0.01)

@@ -20,13 +20,16 @@ from pdserve.instance.phase_priority import PhasePriority
 from pdserve.types import Request, Role
 
 
-@dataclass(frozen=True, slots=True)
+# Built per request on the simulator's hot path, so not frozen (a frozen dataclass's
+# __init__ costs 2.6x a plain one's, `docs/results/sim_speed.md`); never modified after
+# construction, and hashable as when frozen.
+@dataclass(slots=True, unsafe_hash=True)
 class DispatchPrefill:
     request: Request
     instance_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class DispatchDecode:
     """Continue `request` on `target_id`; its KV moves there unless target == source."""
 

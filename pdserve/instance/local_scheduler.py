@@ -209,6 +209,11 @@ class LocalScheduler:
     def _plan(self, max_steps: int) -> BatchPlan | None:
         if self.ready:
             self._join_ready()
+        if max_steps > 1 and self.running and not (self.prefills.active
+                                                   or self.prefills.waiting):
+            plan = self._plan_free_span(max_steps)
+            if plan is not None:
+                return plan
         chunks = self._prefill_first_chunks() \
             if self.phase_priority is PhasePriority.PREFILL_FIRST else None
         prefills = self.prefills
@@ -339,6 +344,34 @@ class LocalScheduler:
         self.prefills.skip(request, hits * cache.block_tokens)
 
     # ---- decode spans (the simulator's fast advance) ----
+    def _plan_free_span(self, max_steps: int) -> BatchPlan | None:
+        """The common multi-step plan in one pass: decodes only, no prefill here, and the
+        blocks of the whole span free. The same plan and state as growing the decodes
+        (`_grow_decodes`) and then reserving the span (`_reserve_span`), which the general
+        path does; None (nothing changed) when the span is one step or needs more blocks
+        than are free (growing may then reclaim history or preempt)."""
+        decodes = list(self.running.values())
+        steps = max_steps
+        for request in decodes:
+            left = request.output_tokens - request.generated_tokens
+            if left < steps:
+                steps = left
+        if steps <= 1:
+            return None
+        extra = steps - 1
+        blocks = [-(-(r.input_tokens + r.generated_tokens + extra) // KV_BLOCK_TOKENS)
+                  for r in decodes]
+        taken = sum(blocks) - sum(r.kv_blocks for r in decodes)
+        if taken > self.budget.free_blocks:
+            return None
+        for request, held in zip(decodes, blocks, strict=True):
+            request.kv_blocks = held
+        self.budget.take(taken)
+        plan = BatchPlan(decodes, [], steps, self.running_tokens)
+        if self._preempted_pending:
+            plan.preempted, self._preempted_pending = self._preempted_pending, []
+        return plan
+
     def _reserve_span(self, decodes: list[Request], max_steps: int) -> int:
         """Longest run of steps with an unchanged batch: no decode finishes before its last
         step and every block it needs is free. Reserves those blocks."""
@@ -391,8 +424,10 @@ class LocalScheduler:
         if not 1 <= steps <= plan.steps:
             raise ValueError(f"steps must be in 1..{plan.steps}, got {steps}")
         freed = 0
-        for request in plan.decodes:
-            blocks = blocks_for(request.sequence_tokens + steps - 1)
+        extra = steps - 1
+        for request in plan.decodes:  # blocks_for(sequence_tokens + extra), inline (hot)
+            blocks = -(-(request.input_tokens + request.generated_tokens + extra)
+                       // KV_BLOCK_TOKENS)
             freed += request.kv_blocks - blocks
             request.kv_blocks = blocks
         self.budget.give(freed)
@@ -401,8 +436,11 @@ class LocalScheduler:
     def blocks_after(self, plan: BatchPlan, steps: int) -> int:
         """Blocks in use once `steps` steps of `plan` have been scheduled (for a view of an
         instance part-way through a multi-step plan)."""
-        excess = sum(r.kv_blocks - blocks_for(r.sequence_tokens + steps - 1)
-                     for r in plan.decodes)
+        extra = steps - 1
+        excess = 0
+        for r in plan.decodes:  # blocks_for(sequence_tokens + extra), inline (hot)
+            excess += r.kv_blocks + (r.input_tokens + r.generated_tokens + extra) \
+                // -KV_BLOCK_TOKENS
         return self.budget.used_blocks - excess
 
     # ---- batch completion ----

@@ -17,7 +17,10 @@ met / N and at most (N - missed) / N, so the verdict is decided once met / N >= 
 A run stopped then leaves its unfinished requests unfinished; its summary counts them as
 misses and so gives the same verdict: the search takes the same path and ends at the same
 rate, while the stopped point's other figures (its latency percentiles, its attainment,
-which is then a bound) describe the requests done by the stop.
+which is then a bound) describe the requests done by the stop. A watch built with
+`decides_pass=False` decides only a failing run: a passing run then runs to its end, so its
+figures are the full run's (the planner reports the latencies at the rate found from them,
+`planning/fidelity.py`, instead of running that point again).
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ class AttainmentWatch:
     """Scores the requests of one run against `slo`; `decided` turns True once the run's
     attainment is known to be at or above `target`, or below it (`passes` says which).
     `shifts`: each request's control latency, in the order of `requests` (all 0.0 without
-    one)."""
+    one). `decides_pass`: False leaves a passing run undecided (it runs to its end)."""
 
     def __init__(self, requests: Sequence[Request], slo: SLO, target: float,
-                 shifts: Sequence[float]) -> None:
+                 shifts: Sequence[float], decides_pass: bool = True) -> None:
         if len(shifts) != len(requests):
             raise ValueError(f"{len(shifts)} control-latency shifts for {len(requests)} "
                              f"requests")
@@ -45,6 +48,7 @@ class AttainmentWatch:
         self.total = len(requests)
         self._shift = {r.request_id: s for r, s in zip(requests, shifts, strict=True)}
         self.needed = _needed(self.total, target)  # met requests for the target
+        self.decides_pass = decides_pass
         self.met = 0
         self.missed = 0
         self._counted: set[int] = set()  # request ids already scored
@@ -102,7 +106,8 @@ class AttainmentWatch:
         if self.decided:
             return
         if self.met >= self.needed:
-            self.decided = self.passes = True
+            self.passes = True
+            self.decided = self.decides_pass
         elif self.total - self.missed < self.needed:
             self.decided = True
 

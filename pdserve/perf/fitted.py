@@ -126,7 +126,7 @@ class DecodeSpan:
     by now) cost no step-time evaluation."""
 
     __slots__ = ("first_step_s", "growth_s", "_linear", "_linear_squared", "_four_half",
-                 "_inverse")
+                 "_inverse", "_step", "_step_start_s", "_step_end_s")
 
     def __init__(self, first_step_s: float, growth_s: float) -> None:
         self.first_step_s = first_step_s
@@ -137,6 +137,10 @@ class DecodeSpan:
         self._linear_squared = self._linear * self._linear
         self._four_half = 4 * half
         self._inverse = 1 / (2 * half) if half > 0 else 0.0
+        # the step found last (`steps_within`): steps done while time_s(_step) <= elapsed
+        # < time_s(_step + 1), the two bounds as `steps_within` computes them
+        self._step = -1
+        self._step_start_s = self._step_end_s = 0.0
 
     def time_s(self, steps: int) -> float:
         """Time of the span's first `steps` steps."""
@@ -144,7 +148,12 @@ class DecodeSpan:
 
     def steps_within(self, elapsed_s: float, max_steps: int) -> int:
         """How many whole steps (at most `max_steps`) are done `elapsed_s` after its start:
-        exact against `time_s`; the closed-form estimate only seeds the count."""
+        exact against `time_s`; the closed-form estimate only seeds the count. A read in
+        the step found last answers from its bounds (the clock is non-decreasing in the
+        steps, so that step is the only answer)."""
+        steps = self._step
+        if steps < max_steps and self._step_start_s <= elapsed_s < self._step_end_s:
+            return steps
         first, growth = self.first_step_s, self.growth_s
         if growth > 0:
             estimate = (math.sqrt(self._linear_squared + self._four_half * elapsed_s)
@@ -156,11 +165,22 @@ class DecodeSpan:
             steps = max_steps
         elif steps < 0:
             steps = 0
-        while steps < max_steps and ((steps + 1) * first
-                                     + growth * (steps + 1) * steps / 2) <= elapsed_s:
-            steps += 1
-        while steps > 0 and (steps * first + growth * steps * (steps - 1) / 2) > elapsed_s:
+        # time_s(k) = k * first + growth * k * (k - 1) / 2, each bound evaluated once
+        end_s = math.inf  # time_s(steps + 1) once known
+        if steps < max_steps:
+            end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
+            while end_s <= elapsed_s:
+                steps += 1
+                if steps == max_steps:
+                    break
+                end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
+        start_s = steps * first + growth * steps * (steps - 1) / 2
+        while steps > 0 and start_s > elapsed_s:
             steps -= 1
+            end_s = start_s
+            start_s = steps * first + growth * steps * (steps - 1) / 2
+        if steps < max_steps:
+            self._step, self._step_start_s, self._step_end_s = steps, start_s, end_s
         return steps
 
 

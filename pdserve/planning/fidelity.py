@@ -13,7 +13,11 @@ write out:
   sessions     seed k draws N/8 sessions with seed base + k
 `evaluate(trial)` runs one trial in a worker process: the goodput search
 (`metrics.goodput.search_goodput`) started at the trial's guess, stepping by `Fidelity.step`,
-and the latencies at the rate found.
+and the latencies at the rate found. A step that fails stops as soon as its attainment can no
+longer reach the target (`metrics/attainment_watch.py`); a passing step runs to its end, so
+the latencies at the rate found are its full run's (stopping it too would save only its
+tail, less than the full run of that point again that its latencies would then need). The
+verdicts, and so the search's path and rate, are those of full runs.
 """
 
 from __future__ import annotations
@@ -113,9 +117,11 @@ class WorkloadSamples:
         return self._cache[key]
 
 
-def run_trial(trial: Trial, samples: WorkloadSamples) -> TrialResult:
+def run_trial(trial: Trial, samples: WorkloadSamples,
+              stop_when_decided: bool = True) -> TrialResult:
     """The goodput search over absolute rates: each rate replays its own sample, long
-    enough for `trial.fidelity.duration_s` of arrivals at that rate."""
+    enough for `trial.fidelity.duration_s` of arrivals at that rate. `stop_when_decided`:
+    a failing step stops once that is decided (the same result as full runs, sooner)."""
     started = time.perf_counter()
     fidelity, seed = trial.fidelity, trial.seed
     reference_rps = samples.full.mean_rate_rps  # the search's scale 1
@@ -135,7 +141,9 @@ def run_trial(trial: Trial, samples: WorkloadSamples) -> TrialResult:
         rate_rps = scale * reference_rps
         experiment = experiment_at(rate_rps)
         return experiment.summarize(experiment.simulate(
-            rate_rps / experiment.workload.mean_rate_rps))
+            rate_rps / experiment.workload.mean_rate_rps,
+            decide_attainment=config.goodput.target if stop_when_decided else None,
+            stop_on_pass=False))
 
     result = search_goodput(run, reference_rps, config.goodput.target, fidelity.rel_tol,
                             max_doublings=math.ceil(math.log(SEARCH_RANGE, fidelity.step)),

@@ -25,6 +25,8 @@ class SimInstance:
         self.local = local
         self.instance_id = local.instance_id  # constants of the instance (`InstanceLoad`)
         self.total_blocks = local.total_blocks
+        self._prefills = local.prefills  # its queues, read by the load's properties
+        self._handoffs = local.handoffs
         self.perf = perf
         self.noise = instance_noise(perf.prefill_step_cv, seed, local.instance_id)
         self.view = view  # read for the current time only
@@ -107,28 +109,29 @@ class SimInstance:
     # ---- InstanceLoad ----
     # Policies read these many times per event: each reads the local scheduler's parts in
     # one call (the same figures as its own `InstanceLoad` properties), and the two
-    # constants are plain attributes (`instance_id`, `total_blocks`, set in __init__).
+    # constants are plain attributes (`instance_id`, `total_blocks`, set in __init__), and
+    # its queues are held directly (the local scheduler builds them once).
     @property
     def prefill_queue_len(self) -> int:
-        prefills = self.local.prefills
+        prefills = self._prefills
         return len(prefills.waiting) + len(prefills.active)
 
     @property
     def prefill_queue_tokens(self) -> int:
-        return self.local.prefills.tokens
+        return self._prefills.tokens
 
     @property
     def prefill_queue_attn_units(self) -> int:
-        return self.local.prefills.attn_units
+        return self._prefills.attn_units
 
     @property
     def decode_queue_len(self) -> int:
-        handoffs = self.local.handoffs
+        handoffs = self._handoffs
         return len(handoffs.transfer_queue) + len(handoffs.transferring) + len(handoffs.ready)
 
     @property
     def decode_queue_tokens(self) -> int:
-        return self.local.handoffs.incoming_tokens
+        return self._handoffs.incoming_tokens
 
     @property
     def running_decodes(self) -> int:

@@ -154,10 +154,12 @@ class Experiment:
 
     def simulate(self, rate_scale: float | None = None, max_span_steps: int = MAX_SPAN_STEPS,
                  on_progress: Callable[[int], None] | None = None,
-                 decide_attainment: float | None = None) -> SimResult:
+                 decide_attainment: float | None = None,
+                 stop_on_pass: bool = True) -> SimResult:
         """One run at `rate_scale` (the config's by default). `decide_attainment`: stop as
         soon as whether the SLO attainment reaches this target is decided
-        (`metrics/attainment_watch.py`: a goodput step)."""
+        (`metrics/attainment_watch.py`: a goodput step); with `stop_on_pass` False only a
+        failing run stops early, a passing one runs to its end."""
         config = self.config
         layout = (heterogeneous_layout(config) if isinstance(config.cluster.instances, str)
                   else None)
@@ -174,7 +176,7 @@ class Experiment:
         latency = control_latency(config, self.perf)
         watch = None if decide_attainment is None else AttainmentWatch(
             requests, self.slo, decide_attainment,
-            control_latency_shifts(len(requests), *latency, config.seed))
+            control_latency_shifts(len(requests), *latency, config.seed), stop_on_pass)
         result = Simulator(policy, count, models, settings, topology).run(
             requests, on_progress, watch)
         add_control_latency(result.requests, *latency, config.seed)

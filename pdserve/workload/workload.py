@@ -102,13 +102,17 @@ class Workload:
         sessions = self.session_id
         rounds = self.round_index
         hashes = self.hash_ids
+        columns = enumerate(zip(self.arrival_s.tolist(), self.input_tokens.tolist(),
+                                self.output_tokens.tolist(), strict=True))
+        if sessions is None and rounds is None and hashes is None:  # a plain trace: the
+            # fields' defaults (one simulation builds 10^4-10^5 of these)
+            return [Request(i, float(a), int(n_in), int(n_out))
+                    for i, (a, n_in, n_out) in columns]
         requests = [Request(i, float(a), int(n_in), int(n_out),
                             session_id=-1 if sessions is None else int(sessions[i]),
                             round_index=0 if rounds is None else int(rounds[i]),
                             hash_ids=() if hashes is None else hashes[i])
-                    for i, (a, n_in, n_out) in enumerate(zip(
-                        self.arrival_s.tolist(), self.input_tokens.tolist(),
-                        self.output_tokens.tolist(), strict=True))]
+                    for i, (a, n_in, n_out) in columns]
         if self.history_tokens is not None and sessions is not None:
             self._mark_rounds(requests)
         return requests
