@@ -30,6 +30,7 @@ Agreement: both rates within `TOLERANCE` of AIC's and the same winner (req/s on 
     python bench/decision_grid.py --jobs 2 [--models llama-3.1-8b] [--gpus h100]
         [--lengths 1000:200] [--slos loose] [--half 0|1] [--reuse-aic] [--json FILE]
     python bench/decision_grid.py --steps-only [--half 0|1]   # needs aiconfigurator-core
+    python bench/decision_grid.py --stationary 2 [--half 0|1]  # goodput over 2x longer runs
 """
 
 from __future__ import annotations
@@ -309,6 +310,57 @@ def at_rate(question: Question, values: dict[str, Any], rate_rps: float,
             "max_batch_size": config.instance.max_batch_size}
 
 
+def goodput_longer(question: Question, values: dict[str, Any], guess_rps: float,
+                   longer: float) -> dict[str, Any]:
+    """The goodput of pdserve's deployment (`values`) by runs `longer` times as long as the
+    long runs (seed 0), searched from `guess_rps` to the long runs' tolerance: a stationary
+    answer does not move."""
+    from pdserve.metrics.goodput import search_goodput
+    from pdserve.sim.runner import Experiment
+
+    long = _fidelities()[1]
+    lifetime_s = question.output_tokens * question.tpot_slo_s
+    started = time.perf_counter()
+
+    def run(scale: float) -> Any:
+        rate_rps = scale * guess_rps
+        count = round(longer * long.requests(rate_rps, lifetime_s))
+        experiment = Experiment.from_config(base_config(question, count).with_values(
+            {**values, "workload.synthetic_rate_rps": rate_rps}))
+        return experiment.summarize(experiment.simulate())
+
+    result = search_goodput(run, guess_rps, 0.9, long.rel_tol, max_doublings=8,
+                            step=long.step)
+    return {"longer": longer, "rps": result.rate_rps, "runs": len(result.points),
+            "wall_s": time.perf_counter() - started}
+
+
+def _stationary_task(task: tuple[Question, str, dict[str, Any], float, float]
+                     ) -> tuple[str, str, dict[str, Any]]:
+    question, side, values, guess_rps, longer = task
+    return question.key, side, goodput_longer(question, values, guess_rps, longer)
+
+
+def add_stationary(grid: list[Question], record: dict[str, Any], jobs: int,
+                   longer: float, save: Any) -> None:
+    """`goodput_longer` of each side of each recorded question, `jobs` at a time, the
+    record saved (`save(record)`) after each."""
+    import multiprocessing
+
+    tasks = [(q, side, ours["values"], ours["rps"], longer) for q in grid
+             if (entry := record.get(q.key)) for side in SPACES
+             if (ours := entry["pdserve"][side]) and ours["rps"] > 0]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for key, side, found in pool.imap_unordered(_stationary_task, tasks):
+            record[key].setdefault("measured", {}).setdefault(side, {})[
+                "goodput_longer"] = found
+            ours = record[key]["pdserve"][side]["rps"]
+            print(f"{key} {side}: goodput {ours:.1f} req/s, {longer:g}x as long "
+                  f"{found['rps']:.1f} ({found['rps'] / ours - 1:+.1%}; {found['runs']} runs, "
+                  f"{found['wall_s']:.0f} s)", flush=True)
+            save(record)
+
+
 def decode_step_ms(question: Question, tp: int, batch: int) -> float:
     """pdserve's decode step (the simulator's model, host overhead included) of `batch`
     sequences halfway through their output, on one instance of degree `tp`."""
@@ -318,7 +370,7 @@ def decode_step_ms(question: Question, tp: int, batch: int) -> float:
     return 1000 * perf_model(question.model, question.gpu, tp).decode.step_s(batch, context)
 
 
-def step_comparison(question: Question, aic: AicConfig,
+def step_comparison(question: Question, aic: AicConfig, disaggregated: bool,
                     mixed: tuple[int, int] | None = None) -> dict[str, Any]:
     """A decode step of AIC's decode batch, halfway through the output, at AIC's decode
     degree: AIC's own estimate (`EngineHandle.predict_decode_latency`), pdserve's kernels
@@ -341,6 +393,12 @@ def step_comparison(question: Question, aic: AicConfig,
              "pd_kernels_ms": 1000 * kernels.decode_step_s(batch, batch * context),
              "pd_sim_step_ms": decode_step_ms(question, aic.decode_tp, batch),
              "aic_tpot_ms": aic.tpot_ms}
+    # AIC's own steps one after the other: each request's prefill alone, then its share of
+    # `osl` decode steps of AIC's batch, per replica (against AIC's reported rate)
+    if not disaggregated:
+        request_ms = (float(engine.predict_prefill_latency(1, question.input_tokens))
+                      + question.output_tokens * found["aic_step_ms"] / batch)
+        found["aic_serial_rps"] = 1000 * aic.replicas / request_ms
     if mixed is not None:  # a chunk of a prompt and `batch` decodes in one step
         from pdserve.perf.presets import perf_model
         from pdserve.types import attn_units
@@ -455,11 +513,16 @@ def print_measured(results: list[dict[str, Any]]) -> None:
                 step_cell += (f"; mixed {mix['chunk_tokens']} + B={mix['batch']}: "
                               f"{mix['aic_ms']:.1f} / {mix['pd_kernels_ms']:.1f} / "
                               f"{mix['pd_sim_step_ms']:.1f}")
+            again = m.get("goodput_longer")
+            again_cell = (f"; goodput {again['rps']:.1f} "
+                          f"({again['rps'] / r['pdserve'][side]['rps'] - 1:+.0%})"
+                          if again else "")
             print(f"| {r['question']} | {side} | {at['attainment']:.0%}, "
                   f"{1000 * at['tpot_p90_s']:.1f} ms ({aic['tpot_ms']:.1f}), "
                   f"{at['running_mean']:.0f} ({aic['decode_batch']}) | "
                   f"{twice['attainment']:.0%}, "
-                  f"{twice['throughput_rps'] / twice['rate_rps']:.2f} | {step_cell} |")
+                  f"{twice['throughput_rps'] / twice['rate_rps']:.2f}{again_cell} | "
+                  f"{step_cell} |")
 
 
 def add_steps(grid: list[Question], record: dict[str, Any]) -> None:
@@ -484,11 +547,13 @@ def add_steps(grid: list[Question], record: dict[str, Any]) -> None:
                       max(1, round(at["running_mean"])))
                      if side == "agg" and ours and at and ours["tp"] == theirs.decode_tp
                      else None)
-            steps = step_comparison(question, theirs, mixed)
+            steps = step_comparison(question, theirs, side == "disagg", mixed)
             entry.setdefault("measured", {}).setdefault(side, {})["steps"] = steps
             print(f"{question.key} {side:6} B={steps['batch']} TP{steps['tp']}: "
                   f"{steps['aic_step_ms']:.1f} / {steps['pd_kernels_ms']:.1f} / "
                   f"{steps['pd_sim_step_ms']:.1f}; {steps['aic_tpot_ms']:.1f}"
+                  + (f"; serial {serial:.1f} req/s (AIC {theirs.rps:.1f})"
+                     if (serial := steps.get("aic_serial_rps")) else "")
                   + (f"; mixed {m['chunk_tokens']} + B={m['batch']}: {m['aic_ms']:.1f} / "
                      f"{m['pd_kernels_ms']:.1f} / {m['pd_sim_step_ms']:.1f}"
                      if (m := steps.get("mixed")) else ""))
@@ -527,6 +592,9 @@ def main() -> None:
     parser.add_argument("--steps-only", action="store_true",
                         help="add the decode-step comparison at AIC's batches to the "
                         "questions in --json, and print its table; nothing else runs")
+    parser.add_argument("--stationary", type=float, metavar="K",
+                        help="search the goodput of each recorded answer again by runs K "
+                        "times as long, and record it; nothing else runs")
     parser.add_argument("--json", type=Path, default=RESULTS / "decision_grid.json",
                         help="the grid's record (questions already in it are kept)")
     args = parser.parse_args()
@@ -534,6 +602,10 @@ def main() -> None:
     cache: dict[str, Any] = (json.loads(args.aic_cache.read_text())
                              if args.aic_cache.exists() else {})
     record: dict[str, Any] = json.loads(args.json.read_text()) if args.json.exists() else {}
+    if args.stationary:
+        add_stationary(grid, record, args.jobs, args.stationary,
+                       lambda done: args.json.write_text(json.dumps(done, indent=1) + "\n"))
+        return
     if args.steps_only:
         add_steps(grid, record)
         args.json.write_text(json.dumps(record, indent=1) + "\n")
