@@ -125,12 +125,15 @@ class ClusterConfig:
 class SloConfig:
     ttft_s: float = 2.0
     tpot_s: float = 0.15
+    # attainment on TaiChi's definitions: TTFT until the decode instance's first token (the
+    # wait for a decode slot counts), TPOT over its gaps (`SLO.counts_decode_queue`)
+    counts_decode_queue: bool = False
 
     def __post_init__(self) -> None:
         _positive(self, "slo", "ttft_s", "tpot_s")
 
     def targets(self) -> SLO:
-        return SLO(self.ttft_s, self.tpot_s)
+        return SLO(self.ttft_s, self.tpot_s, self.counts_decode_queue)
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,9 @@ MONITOR_FLAGS = (
 SLO_FLAGS = (
     Flag("--ttft-slo", "slo.ttft_s", "TTFT target, seconds"),
     Flag("--tpot-slo", "slo.tpot_s", "TPOT target, seconds"),
+    Flag("--slo-counts-decode-queue", "slo.counts_decode_queue", "attainment on TaiChi's "
+         "definitions: TTFT until the decode instance's first token (the wait for a decode "
+         "slot counts), TPOT over its gaps", switch=True),
 )
 
 PERF_SOURCE_FLAGS = (  # what prices a step: simulate, and the planners

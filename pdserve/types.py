@@ -58,10 +58,14 @@ _TAKES_DECODE = frozenset({Role.DECODE, Role.P_TO_D, Role.MIXED})
 
 @dataclass(frozen=True, slots=True)
 class SLO:
-    """Latency targets; a request attains its SLO when both are met."""
+    """Latency targets; a request attains its SLO when both are met. `counts_decode_queue`:
+    TTFT runs until the decode instance's first token and TPOT over that instance's gaps
+    (TaiChi sec. 4.1's definitions: the wait for a decode slot counts), instead of the
+    prefill's first token and the mean gap after it."""
 
     ttft_s: float
     tpot_s: float
+    counts_decode_queue: bool = False
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tpot_s > 0):

@@ -29,7 +29,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from pdserve.metrics.summary import output_count
+from pdserve.metrics.summary import output_count, slo_latencies_s
 from pdserve.types import SLO, Request
 
 
@@ -67,10 +67,14 @@ class AttainmentWatch:
             return  # missed its first token's deadline already
         self._counted.add(rid)
         shift_s = self._shift[rid]
-        first_s = request.first_token_s + shift_s  # as `add_control_latency` shifts it
-        n = output_count(request)
-        tpot_s = (request.finish_s + shift_s - first_s) / (n - 1) if n > 1 else 0.0
-        if first_s - request.arrival_s <= self.slo.ttft_s and tpot_s <= self.slo.tpot_s:
+        if self.slo.counts_decode_queue:  # every token time moves by the shift: TPOT stays
+            ttft_s, tpot_s = slo_latencies_s(request, self.slo, shift_s)
+        else:  # the arithmetic `summarize` does on the shifted times, bit for bit
+            first_s = request.first_token_s + shift_s  # as `add_control_latency` shifts it
+            n = output_count(request)
+            ttft_s = first_s - request.arrival_s
+            tpot_s = (request.finish_s + shift_s - first_s) / (n - 1) if n > 1 else 0.0
+        if ttft_s <= self.slo.ttft_s and tpot_s <= self.slo.tpot_s:
             self.met += 1
         else:
             self.missed += 1
@@ -90,9 +94,11 @@ class AttainmentWatch:
         target has passed are misses (a first token, at `now_s` or later, can only be
         later still)."""
         late, ttft_slo_s = self._late, self.slo.ttft_s
+        decode_queue = self.slo.counts_decode_queue  # the first token is the decode side's
         while late and late[0][0] < now_s:
             due_s, rid, request = late[0]
-            if rid in self._counted or not math.isnan(request.first_token_s):
+            first_s = request.decode_first_token_s if decode_queue else request.first_token_s
+            if rid in self._counted or not math.isnan(first_s):
                 heapq.heappop(late)  # scored, or its first token came in time to be judged
                 continue
             if now_s + self._shift[rid] - request.arrival_s <= ttft_slo_s:
