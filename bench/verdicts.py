@@ -63,6 +63,10 @@ MEASURE = Measurement(seeds=3, duration_s=30.0, min_requests=300, lifetimes=1.0,
 # TaiChi's chat runs are short (a few seconds per request): doubled up to 32x (960 s of
 # arrivals), where MEASURE's 4x never settled
 LONG_MEASURE = replace(MEASURE, max_doublings=5)
+# ARES's heavy-tailed outputs (P90 32K tokens, ~11 minutes of decoding): goodput fell
+# 0.44 -> 0.27 -> 0.20 req/s over 150 -> 300 -> 600 requests, so runs start at 300
+ARES_MEASURE = Measurement(seeds=3, duration_s=1200.0, min_requests=300, lifetimes=4.0,
+                           max_doublings=3)
 
 
 def arrow_base(trace: str, ttft_s: float, tpot_s: float) -> Config:
@@ -136,6 +140,13 @@ def comparisons(jobs: int) -> dict[str, Comparison]:
     b = budget(jobs)
     arrow3 = (Contender("arrow", "arrow"), Contender("vllm (colocated)", "colocated"),
               Contender("disaggregated (static-pd)", "static-pd"))
+    # the claim is about the rebalancer: all three on the paper's 1P3D (memory-bound regime)
+    ares3 = (Contender("ares (history)", "ares", (("policy.name", "ares"),)),
+             Contender("reschedule-current", "reschedule-current",
+                       (("policy.name", "reschedule-current"),)),
+             Contender("vllm", "static-pd", (("policy.name", "vllm"),)))
+    taichi3 = (Contender("taichi", "taichi"), Contender("aggregation (colocated)", "colocated"),
+               Contender("disaggregation (static-pd)", "static-pd"))
     found = [
         Comparison("arrow-azure-code", arrow_base("azure-code", 3.0, 0.1), 8, arrow3, b, MEASURE),
         Comparison("arrow-azure-conv", arrow_base("azure-conv", 2.0, 0.15), 8, arrow3, b,
@@ -146,24 +157,8 @@ def comparisons(jobs: int) -> dict[str, Comparison]:
             (Contender("arrow", "arrow", (("policy.name", "arrow"),)),
              Contender("min-load 4P4D", "static-pd", (("policy.name", "static-pd"),))),
             b, MEASURE, tune=False),
-        # the paper's 1P3D at its memory-bound regime; the claim is about the rebalancer, so
-        # all three run on the same deployment
-        Comparison("ares-memory", ares_base(), 4, (
-            Contender("ares (history)", "ares", (("policy.name", "ares"),)),
-            Contender("reschedule-current", "reschedule-current",
-                      (("policy.name", "reschedule-current"),)),
-            Contender("vllm", "static-pd", (("policy.name", "vllm"),))), b,
-            # heavy-tailed outputs (P90 32K tokens, ~11 minutes of decoding): goodput fell
-            # 0.44 -> 0.27 -> 0.20 req/s over 150 -> 300 -> 600 requests, so runs start at 300
-            Measurement(seeds=3, duration_s=1200.0, min_requests=300, lifetimes=4.0,
-                        max_doublings=3), tune=False),
-        Comparison("ares-alpaca", ares_alpaca_base(), 4, (
-            Contender("ares (history)", "ares", (("policy.name", "ares"),)),
-            Contender("reschedule-current", "reschedule-current",
-                      (("policy.name", "reschedule-current"),)),
-            Contender("vllm", "static-pd", (("policy.name", "vllm"),))), b,
-            Measurement(seeds=3, duration_s=1200.0, min_requests=300, lifetimes=4.0,
-                        max_doublings=3), tune=False),
+        Comparison("ares-memory", ares_base(), 4, ares3, b, ARES_MEASURE, tune=False),
+        Comparison("ares-alpaca", ares_alpaca_base(), 4, ares3, b, ARES_MEASURE, tune=False),
         # each contender's search gets 240 s (the table says where one was cut)
         Comparison("ampd-toolbench", ampd_base(), 8, (
             Contender("ampd", "ampd"), Contender("dynamo", "dynamo"),
@@ -183,12 +178,8 @@ def comparisons(jobs: int) -> dict[str, Comparison]:
             # runs of 300 rounds (~40 sessions) moved goodput by up to 30 % per doubling
             Measurement(seeds=3, duration_s=120.0, min_requests=1200, lifetimes=1.0,
                         max_doublings=3), tune=False),
-        Comparison("taichi-chat-slo1", taichi_base(3.0, 0.110), 4, (
-            Contender("taichi", "taichi"), Contender("aggregation (colocated)", "colocated"),
-            Contender("disaggregation (static-pd)", "static-pd")), b, LONG_MEASURE),
-        Comparison("taichi-chat-slo2", taichi_base(4.0, 0.070), 4, (
-            Contender("taichi", "taichi"), Contender("aggregation (colocated)", "colocated"),
-            Contender("disaggregation (static-pd)", "static-pd")), b, LONG_MEASURE),
+        Comparison("taichi-chat-slo1", taichi_base(3.0, 0.110), 4, taichi3, b, LONG_MEASURE),
+        Comparison("taichi-chat-slo2", taichi_base(4.0, 0.070), 4, taichi3, b, LONG_MEASURE),
         Comparison("flowkv-a100-1k", flowkv_base(), 2, (
             Contender("flowkv", "flowkv"), Contender("colocated", "colocated"),
             Contender("static-pd", "static-pd")), b, MEASURE),
