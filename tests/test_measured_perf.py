@@ -56,6 +56,20 @@ def test_held_out_rows_of_h100_vllm_are_interpolated_within_a_few_per_cent():
     assert errors["gemm"].p90_pct < 20 and errors["generation_attention"].p90_pct <= 10
 
 
+def test_gemm_rows_one_token_apart_differ_by_more_than_the_p90_target():
+    """Why the GEMMs' held-out P90 misses 10 %: the tables' own pairs (m, m + 1) differ by
+    more than that in over a tenth of cases, so no model smooth in m meets it."""
+    from pdserve.perf.measured_heldout import adjacent_gemm_spread
+    bf16 = adjacent_gemm_spread("h100", "vllm@0.24.0")
+    assert bf16 is not None and bf16.rows > 5000
+    assert 12 < bf16.p90_pct < 20 and bf16.median_pct < 5
+    fp8 = adjacent_gemm_spread("h100", "vllm@0.24.0", "fp8")
+    assert fp8 is not None and fp8.p90_pct > 30
+    held_out = held_out_errors("h100", "vllm@0.24.0")["gemm"]
+    assert held_out.p90_pct <= bf16.p90_pct  # interpolation is as good as the data resolve
+    assert adjacent_gemm_spread("a100", "vllm@0.14.0", "fp8") is None
+
+
 def test_whole_steps_match_aiconfigurators_estimates_quoted_in_the_issue():
     """Issue 24's figures of AIConfigurator 0.12.0 (vLLM 0.24.0, H100), ms."""
     eight, eight_tp2 = (measured("llama-3.1-8b", "h100", tp, "vllm", host="none")
@@ -84,6 +98,42 @@ def test_presets_price_h200_b200_l40s_and_the_runtime_model_keeps_the_operator_s
     sglang = perf_model("llama-3.1-8b", "h100", 1, "sglang")
     assert "sglang@0.5.14" in sglang.name
     assert sglang.kv_capacity_tokens != h100.kv_capacity_tokens
+
+
+def test_a_mixed_step_is_priced_as_the_kernels_run_it():
+    """A chunk and a decode batch in one pass: the decodes' tokens ride in the chunk's
+    GEMMs. The runtime model's mixed step against the kernels' own pass; the additive form
+    (prefill + decode - the smaller intercept) was 6-22 % low on most of these (|error| P90
+    11.6 % on the 8B, 16.7 % on Qwen3-32B TP 2; the decision grid's defect 3)."""
+    from pdserve.types import attn_units
+    for model, gpu, tp in (("llama-3.1-8b", "h100", 1), ("qwen3-32b", "h100", 2),
+                           ("llama-3.1-70b", "h200", 2)):
+        steps = measured(model, gpu, tp, "vllm")
+        runtime = perf_model(model, gpu, tp, "vllm")
+        errors = []
+        for chunk in (64, 256, 1024, 2048):
+            for decodes in (8, 64, 200):
+                context = decodes * 1000
+                ours = runtime.batch_time_s(decodes, context, chunk, attn_units(chunk, 0))
+                errors.append(ours / steps.pass_s([(chunk, 0)], decodes, context) - 1)
+        errors = np.abs(errors) * 100
+        assert np.percentile(errors, 90) < 7.0 and errors.max() < 10.0, (model, errors)
+    # 1,024 tokens beside 121 decodes on the 8B, H100: AIConfigurator's mixed step is 31.9
+    # ms, the kernels' 30.5 ms; the additive form gave 28.0
+    eight = perf_model("llama-3.1-8b", "h100", 1, "vllm")
+    assert eight.batch_time_s(121, 121 * 1100, 1024, attn_units(1024, 0)) * 1e3 == (
+        pytest.approx(30.5, rel=0.05))
+
+
+def test_a_linear_models_mixed_step_is_its_parts_less_one_overhead():
+    from pdserve.perf.fitted import DecodeCoeffs, PerfModel, PrefillCoeffs, TransferCoeffs
+    linear = PerfModel("linear", PrefillCoeffs(0.004, 7e-5, 5e-8),
+                       DecodeCoeffs(0.003, 8e-5, 1.5e-6, batch1_extra_s=-0.001),
+                       TransferCoeffs(1e-5, 1e10), 1024, 32768)
+    for decodes in (1, 5, 40):
+        parts = (linear.prefill.time_s(300, 300 * 300) + linear.decode.step_s(decodes, 9000)
+                 - 0.003)
+        assert linear.batch_time_s(decodes, 9000, 300, 300 * 300) == parts
 
 
 def test_derived_gpus_scale_the_nearest_measured_tables_per_bound():

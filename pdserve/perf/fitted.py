@@ -13,7 +13,16 @@
                                               beyond the largest batch the fit saw (M, if
                                               set) its tangent, q_d * (2 M B - M^2), so a
                                               fit is not extrapolated as a parabola
-  mixed batch      prefill part + decode part - min(a_p, a_d)  (one forward pass, one overhead)
+  mixed batch      linear models (profiles, in-situ fits, which `fit.fit_steps` fits so):
+                   prefill part + decode part - min(a_p, a_d)  (one pass, one overhead);
+                   models with the GEMMs' memory-bound floor (a prefill knee or size table:
+                   fitted to kernels) put the decodes' B tokens into the chunk's GEMMs:
+                   prefill(n + B) + c_d * ctx
+                   + max(0, decode's batch part(B) - prefill(B) + max(0, a_p - a_d))
+                   i.e. the decodes add their KV reads and what their step costs beyond the
+                   same tokens' GEMMs (the LM head, per-sequence work), and the pass costs
+                   at least a prefill of all its tokens; without the outer max(0, ...) this
+                   is the additive form on a linear model
   KV transfer      calls * alpha + bytes / beta
 
   size tables (optional)  + table[B - 1] for a decode step of B sequences, + table[(n - 1) // 16]
@@ -204,8 +213,17 @@ class PerfModel:
     # (`sim/runner.py: control_latency`); 0 (profiles, the presets): none
     control_latency_s: float = 0.0
     control_latency_p90_s: float = 0.0
+    # derived, not saved: per decode batch size up to CONSTANT_BATCHES, what B decodes add
+    # to a mixed step beyond their tokens' place in the chunk's GEMMs and their KV reads
+    # (the max(0, ...) term above); empty for a linear model
+    _mixed_decode_extra_s: tuple[float, ...] = field(default=(), init=False, repr=False,
+                                                     compare=False)
 
     def __post_init__(self) -> None:
+        prefill = self.prefill
+        if prefill.knee_tokens or prefill.size_table_s:
+            object.__setattr__(self, "_mixed_decode_extra_s", tuple(
+                self.mixed_decode_extra_s(size) for size in range(1, CONSTANT_BATCHES + 1)))
         if self.kv_capacity_tokens <= 0:
             raise ValueError(f"perf model {self.name!r}: kv_capacity_tokens must be positive "
                              f"(the model does not fit in memory?), got {self.kv_capacity_tokens}")
@@ -218,16 +236,36 @@ class PerfModel:
                              f"not be negative and its P90 0 or at least the median, got "
                              f"{self.control_latency_s} and {self.control_latency_p90_s}")
 
+    def mixed_decode_extra_s(self, batch_size: int) -> float:
+        """What `batch_size` decodes add to a mixed step of a kernel-fitted model beyond
+        their tokens' share of the chunk's GEMMs and their KV reads."""
+        prefill = self.prefill
+        return max(0.0, self.decode.batch_part_s(batch_size) - prefill.time_s(batch_size, 0)
+                   + max(0.0, prefill.intercept_s - self.decode.intercept_s))
+
     def batch_time_s(self, batch_size: int, context_tokens: int, prefill_tokens: int,
                      prefill_attn_units: int) -> float:
-        """Time of one step of a batch with `batch_size` decodes and the given prefill work."""
+        """Time of one step of a batch with `batch_size` decodes and the given prefill work
+        (the mixed batch's two forms: the module docstring)."""
+        decode = self.decode
         if not prefill_tokens:
-            return self.decode.step_s(batch_size, context_tokens)
-        prefill = self.prefill.time_s(prefill_tokens, prefill_attn_units)
+            return decode.step_s(batch_size, context_tokens)
+        prefill = self.prefill
         if not batch_size:
-            return prefill
-        shared = min(self.prefill.intercept_s, self.decode.intercept_s)
-        return prefill + self.decode.step_s(batch_size, context_tokens) - shared
+            return prefill.time_s(prefill_tokens, prefill_attn_units)
+        extras = self._mixed_decode_extra_s
+        if not extras:  # a linear model: the parts less one shared overhead
+            shared = min(prefill.intercept_s, decode.intercept_s)
+            return (prefill.time_s(prefill_tokens, prefill_attn_units)
+                    + decode.step_s(batch_size, context_tokens) - shared)
+        # a kernel-fitted model against the kernels' own pass (8 GPU x model x TP cases,
+        # chunks of 16-2,048 tokens beside 1-200 decodes): |error| P90 3.6-5.3 %, where the
+        # additive form was 8-18 % (median 3-7 % low: a decode's token in a chunk's GEMMs
+        # costs compute, not the weight read it shares)
+        extra = (extras[batch_size - 1] if batch_size <= CONSTANT_BATCHES
+                 else self.mixed_decode_extra_s(batch_size))
+        return (prefill.time_s(prefill_tokens + batch_size, prefill_attn_units)
+                + decode.per_context_token_s * context_tokens + extra)
 
     def span(self, batch_size: int, context_tokens: int) -> DecodeSpan:
         """The clock of a span of decode steps of a fixed batch whose context starts at
@@ -252,6 +290,7 @@ class PerfModel:
     def save(self, path: str | Path) -> None:
         record = asdict(self)
         del record["decode"]["_batch_part_s"]  # derived on load
+        del record["_mixed_decode_extra_s"]
         Path(path).write_text(json.dumps(record, indent=2) + "\n")
 
     @classmethod

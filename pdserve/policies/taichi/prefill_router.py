@@ -44,21 +44,18 @@ def prefill_time_s(perf: PerfModel, chunk_tokens: int, load: InstanceLoad, token
                    units: int) -> float:
     """Predicted time to prefill `tokens` (attention work `units`) on an instance with this
     chunk size and its current decode batch: full chunks of `chunk - decodes` tokens, each
-    step priced as a mixed batch (`PerfModel.batch_time_s`'s terms)."""
+    step priced as the mixed batch it is (`PerfModel.batch_time_s`), the attention once."""
     if tokens <= 0:
         return 0.0
-    budget = chunk_tokens - load.running_decodes
+    decodes, context = load.running_decodes, load.running_tokens
+    budget = chunk_tokens - decodes
     if budget <= 0:
         return math.inf  # the decodes fill every step: no prefill progress
     full, rest = divmod(tokens, budget)
-    prefill = perf.prefill
-    time_s = full * prefill.time_s(budget, 0) + units * prefill.per_attn_unit_s
+    time_s = (full * perf.batch_time_s(decodes, context, budget, 0)
+              + units * perf.prefill.per_attn_unit_s)
     if rest:
-        time_s += prefill.time_s(rest, 0)
-    if load.running_decodes:
-        shared = min(prefill.intercept_s, perf.decode.intercept_s)
-        time_s += (full + (rest > 0)) * (
-            perf.decode.step_s(load.running_decodes, load.running_tokens) - shared)
+        time_s += perf.batch_time_s(decodes, context, rest, 0)
     return time_s
 
 
