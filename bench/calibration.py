@@ -179,7 +179,7 @@ def tensor_parallel() -> None:
 
 def measured_held_out(json_path: str | None) -> None:
     from pdserve.perf.kernel_tables import measured_gpus, shipped_tables
-    from pdserve.perf.measured_heldout import held_out_errors
+    from pdserve.perf.measured_heldout import adjacent_gemm_spread, held_out_errors
 
     print("\n== measured kernel tables: held-out error per family (every 5th interior row of "
           "each size series in no table), median / P90 %, all rows | rows >= 50 us ==")
@@ -200,6 +200,14 @@ def measured_held_out(json_path: str | None) -> None:
                                       "p90_pct_50us": big.p90_pct, "rows_50us": big.rows}
                 cells.append(f"{family} {error.median_pct:4.1f}/{error.p90_pct:4.1f}"
                              + (f" | {big.median_pct:4.1f}/{big.p90_pct:4.1f}" if big else ""))
+            for dtype in ("bf16", "fp8"):  # the tables' own resolution between sizes
+                spread = adjacent_gemm_spread(gpu, backend, dtype)
+                if spread is not None:
+                    entry[f"gemm_{dtype}_adjacent_tokens"] = {
+                        "median_pct": spread.median_pct, "p90_pct": spread.p90_pct,
+                        "rows": spread.rows}
+                    cells.append(f"GEMM {dtype} m vs m+1 {spread.median_pct:4.1f}/"
+                                 f"{spread.p90_pct:4.1f}")
             print(f"{gpu:13s} {backend:17s} " + "; ".join(cells))
     if json_path:
         with open(json_path, "w") as handle:
