@@ -122,6 +122,7 @@ def test_the_command_recovers_the_coefficients_the_super_linear_term_and_the_lat
     assert "12 batches on the prefill side, 20 on the decode side" in printed
     assert "R2 1.000" in printed and "us/seq^2" in printed
     assert "control latency: median 5.00 ms" in printed
+    assert "warning" not in printed  # batches up to 53, prefills of 16-512 tokens
 
 
 def test_a_colocated_run_is_one_fit_over_both_workers(tmp_path, monkeypatch):
@@ -142,6 +143,26 @@ def test_a_linear_log_fits_no_super_linear_term(tmp_path, monkeypatch):
     decode = calibrate(tmp_path / "logs").model.decode
     assert decode.per_seq_squared_s == pytest.approx(0.0, abs=1e-12)
     assert decode.per_seq_s == pytest.approx(8e-4, rel=1e-3)
+
+
+def test_a_log_of_small_batches_warns_what_it_cannot_support(tmp_path, monkeypatch, capsys):
+    """A light-load log: decode batches of 1-3 sequences whose periods do not grow with the
+    batch (as a lightly loaded live run's did), prefill chunks all of one size. The fit puts
+    0 on the per-sequence and per-token costs, and the command says so."""
+    from pdserve.perf.in_situ import fit_warnings
+    write_run(tmp_path / "logs", monkeypatch)
+    assert calibrate(tmp_path / "logs").warnings == ()  # batches up to 53: nothing to say
+    flat = [(b, b * 300, 0, 0, 0.0046) for b in (1, 2, 3) for _ in range(20)]
+    flat += [(1, 300, n, attn_units(n, 0), 0.012) for n in (250, 256, 260)]
+    from pdserve.perf.fit import fit_steps
+    prefill, decode = fit_steps(flat)
+    assert decode.per_seq_s == 0
+    model = replace(TRUE, prefill=prefill, decode=decode)
+    warnings = fit_warnings(model, flat, flat)
+    assert len(warnings) == 4
+    assert "prefill batches of 250-260 tokens were logged" in warnings[0]
+    assert "per sequence was fitted as 0 (decode batches of up to 3 logged)" in warnings[1]
+    assert "at most 3 sequences" in warnings[2] and "calibrate at a load" in warnings[3]
 
 
 def test_the_simulator_adds_the_models_control_latency_unless_the_config_sets_one():

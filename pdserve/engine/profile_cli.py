@@ -106,4 +106,6 @@ def _run_from_step_log(args: argparse.Namespace) -> int:
               f"-> first text sent)")
     print(f"wrote {args.out} (KV capacity {model.kv_capacity_tokens} tokens and transfer cost "
           f"from {result.base_origin})")
+    for warning in result.warnings:
+        print(f"warning: {warning}")
     return 0

@@ -17,7 +17,13 @@ over time (`roles-driver.csv`), per request when its first token reached the dri
   steps the simulator models (HTTP, tokenizing, pipes, streaming); its median and P90 go
   into the model file (`PerfModel.control_latency_s`), which the simulator adds;
 - KV capacity, KV bytes per token and the transfer cost: the deployment's own model's (a
-  step log holds no transfers), or `base`'s.
+  step log holds no transfers), or `base`'s;
+- warnings where the log cannot support the fit: a cost per token or per sequence fitted as
+  0 (the non-negative fit's floor: the log's batches do not separate it from the fixed
+  cost), or decode batches logged only up to a few sequences. A calibration at a light load
+  (decode batches 1-3) fitted both as 0 and priced a 50-sequence batch as a 1-sequence
+  one: capacity 15.4 req/s, where the live deployment collapsed at 11.6
+  (`docs/results/fidelity.md`).
 
 `docs/results/fidelity.md` measures it on a workload not used to fit it.
 """
@@ -43,6 +49,8 @@ from pdserve.perf.step_log import (
     rows_by_side,
 )
 
+# a log whose largest decode batch is below this leaves the per-sequence cost to extrapolation
+NARROW_DECODE_BATCH = 8
 # decode batch sizes the fit is checked on (the step log's decode-only batches, mean period
 # against the model's mean, per range)
 CHECK_BATCHES = ((1, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 128), (129, 1 << 20))
@@ -76,6 +84,7 @@ class Calibration:
     base_origin: str  # where the KV and transfer figures came from
     control: ControlLatency | None  # None: the run logged no server responses
     decode_check: tuple[BatchCheck, ...]
+    warnings: tuple[str, ...] = ()  # where the log cannot support the fit (the docstring)
 
 
 def control_latency(directory: Path) -> ControlLatency | None:
@@ -144,7 +153,31 @@ def calibrate(directory: Path, base: PerfModel | None = None,
         model = replace(model, control_latency_s=control.median_s,
                         control_latency_p90_s=control.p90_s)
     return Calibration(model, len(prefill_rows), len(decode_rows), per_role, base_origin,
-                       control, decode_check(decode_rows, model))
+                       control, decode_check(decode_rows, model),
+                       fit_warnings(model, prefill_rows, decode_rows))
+
+
+def fit_warnings(model: PerfModel, prefill_rows: list[StepRow],
+                 decode_rows: list[StepRow]) -> tuple[str, ...]:
+    """What in `model`'s fit the logged batches do not support (see the module docstring)."""
+    sizes = sorted({int(row[2]) for row in prefill_rows if row[2] > 0})
+    largest = max((int(row[0]) for row in decode_rows), default=0)
+    warnings = []
+    if model.prefill.per_token_s == 0 or len(sizes) < 2 or sizes[-1] < 2 * sizes[0]:
+        warnings.append(f"prefill batches of {sizes[0]}-{sizes[-1]} tokens were logged (cost "
+                        f"per token fitted {model.prefill.per_token_s * 1e6:.3f} us): they do "
+                        f"not separate it from the fixed cost, so other prompt lengths are "
+                        f"priced by extrapolation")
+    if model.decode.per_seq_s == 0 and model.decode.per_seq_squared_s == 0:
+        warnings.append(f"the decode cost per sequence was fitted as 0 (decode batches of "
+                        f"up to {largest} logged): a larger batch is priced as a batch of 1")
+    if largest < NARROW_DECODE_BATCH:
+        warnings.append(f"decode batches of at most {largest} sequences were logged: "
+                        f"larger batches are extrapolated")
+    if warnings:
+        warnings.append("calibrate at a load that reaches the batch sizes and prompt "
+                        "lengths you will simulate")
+    return tuple(warnings)
 
 
 def decode_check(rows: list[StepRow], model: PerfModel) -> tuple[BatchCheck, ...]:
