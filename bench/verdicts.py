@@ -117,11 +117,13 @@ def taichi_base(ttft_s: float, tpot_s: float) -> Config:
         "monitor.interval_s": 0.1, "seed": 1})
 
 
-def flowkv_base() -> Config:
-    """bench/flowkv_repro.py (a): Llama-3.1-8B on A100s, 1K-token prompts, 256 output tokens,
-    its lax SLOs (TTFT 30 s, TPOT 200 ms: a throughput comparison)."""
+def flowkv_base(input_tokens: int = 1024) -> Config:
+    """bench/flowkv_repro.py (a): Llama-3.1-8B on A100s, prompts of `input_tokens` (the paper's
+    1K, 5K and 10K), 256 output tokens, its lax SLOs (TTFT 30 s, TPOT 200 ms: a throughput
+    comparison)."""
     return Config().with_values({
-        "workload.trace": "synthetic", "workload.synthetic_lengths": "fixed:1024:256",
+        "workload.trace": "synthetic",
+        "workload.synthetic_lengths": f"fixed:{input_tokens}:256",
         "workload.synthetic_requests": 100_000, "workload.synthetic_rate_rps": 10.0,
         "perf.model": "llama-3.1-8b", "perf.gpu": "a100", "perf.tp": 1,
         "slo.ttft_s": 30.0, "slo.tpot_s": 0.2, "seed": 0})
@@ -180,9 +182,10 @@ def comparisons(jobs: int) -> dict[str, Comparison]:
                         max_doublings=3), tune=False),
         Comparison("taichi-chat-slo1", taichi_base(3.0, 0.110), 4, taichi3, b, LONG_MEASURE),
         Comparison("taichi-chat-slo2", taichi_base(4.0, 0.070), 4, taichi3, b, LONG_MEASURE),
-        Comparison("flowkv-a100-1k", flowkv_base(), 2, (
+        *(Comparison(f"flowkv-a100-{label}", flowkv_base(tokens), 2, (
             Contender("flowkv", "flowkv"), Contender("colocated", "colocated"),
-            Contender("static-pd", "static-pd")), b, MEASURE),
+            Contender("static-pd", "static-pd")), b, MEASURE)
+          for label, tokens in (("1k", 1024), ("5k", 5120), ("10k", 10240))),
         # heterogeneous GPUs are not a planner candidate: the paper's 4 + 4 placement, fixed
         Comparison("flowkv-hetero", flowkv_hetero_base(), 8, (
             Contender("flowkv P-L20/D-H20", "flowkv", (
@@ -235,6 +238,14 @@ CLAIMS = (
           "+25 % (mean of 1K/5K/10K)", "flowkv-a100-1k", "colocated"),
     Claim("FlowKV", "throughput over vLLM-Disagg 1P1D, 2 A100s", "+35 %", "flowkv-a100-1k",
           "static-pd"),
+    Claim("FlowKV", "throughput over vLLM colocated, 2 A100s, 5K-token inputs",
+          "+25 % (mean of 1K/5K/10K)", "flowkv-a100-5k", "colocated"),
+    Claim("FlowKV", "throughput over vLLM-Disagg 1P1D, 2 A100s, 5K-token inputs", "+35 %",
+          "flowkv-a100-5k", "static-pd"),
+    Claim("FlowKV", "throughput over vLLM colocated, 2 A100s, 10K-token inputs",
+          "+25 % (mean of 1K/5K/10K)", "flowkv-a100-10k", "colocated"),
+    Claim("FlowKV", "throughput over vLLM-Disagg 1P1D, 2 A100s, 10K-token inputs", "+35 %",
+          "flowkv-a100-10k", "static-pd"),
     Claim("FlowKV", "heterogeneous 4P4D P-L20/D-H20 over vLLM colocated (E2E, gov_report)",
           "48.9 % faster", "flowkv-hetero", "colocated L20+H20"),
     Claim("FlowKV", "heterogeneous P-L20/D-H20 over P-H20/D-L20 (E2E, gov_report)",
