@@ -163,7 +163,8 @@ def fit_warnings(model: PerfModel, prefill_rows: list[StepRow],
     sizes = sorted({int(row[2]) for row in prefill_rows if row[2] > 0})
     largest = max((int(row[0]) for row in decode_rows), default=0)
     warnings = []
-    if model.prefill.per_token_s == 0 or len(sizes) < 2 or sizes[-1] < 2 * sizes[0]:
+    if sizes and (model.prefill.per_token_s == 0 or len(sizes) < 2
+                  or sizes[-1] < 2 * sizes[0]):
         warnings.append(f"prefill batches of {sizes[0]}-{sizes[-1]} tokens were logged (cost "
                         f"per token fitted {model.prefill.per_token_s * 1e6:.3f} us): they do "
                         f"not separate it from the fixed cost, so other prompt lengths are "
