@@ -351,11 +351,7 @@ class LocalScheduler:
         path does; None (nothing changed) when the span is one step or needs more blocks
         than are free (growing may then reclaim history or preempt)."""
         decodes = list(self.running.values())
-        steps = max_steps
-        for request in decodes:
-            left = request.output_tokens - request.generated_tokens
-            if left < steps:
-                steps = left
+        steps = _steps_until_a_decode_ends(decodes, max_steps)
         if steps <= 1:
             return None
         extra = steps - 1
@@ -375,11 +371,7 @@ class LocalScheduler:
     def _reserve_span(self, decodes: list[Request], max_steps: int) -> int:
         """Longest run of steps with an unchanged batch: no decode finishes before its last
         step and every block it needs is free. Reserves those blocks."""
-        steps = max_steps
-        for request in decodes:
-            left = request.output_tokens - request.generated_tokens
-            if left < steps:
-                steps = left
+        steps = _steps_until_a_decode_ends(decodes, max_steps)
         if steps <= 1:
             return 1
         free = self.budget.free_blocks
@@ -606,3 +598,13 @@ class LocalScheduler:
         freed = self.sessions.trim(session_id, tokens)
         self.budget.give(freed)
         return freed
+
+
+def _steps_until_a_decode_ends(decodes: list[Request], max_steps: int) -> int:
+    """At most `max_steps`, and no more steps than the decode nearest its end has left."""
+    steps = max_steps
+    for request in decodes:
+        left = request.output_tokens - request.generated_tokens
+        if left < steps:
+            steps = left
+    return steps
