@@ -90,3 +90,42 @@ def test_serving_refuses_the_oracle_predictor() -> None:
                                                   "policy.ares.forecast.predictor": "oracle"}))
     with pytest.raises(ValueError, match="rebalancer"):
         serve_defaults().with_values({"policy.rebalancer": "sideways"})
+
+
+def test_predicted_load_dispatch_on_live_workers(tmp_path) -> None:
+    """The same router live: the workers report forecasts (`noisy:mae=0` is exact around
+    `max_tokens` here), the scheduler predicts each prefilled request's length, and four
+    long requests sent at once spread over both decode instances (the router counts what
+    it sent until a report lists it) with the single-instance text."""
+    from pdserve.policies.ares.dispatch import PredictedLoadDecodeRouter
+
+    with running_server(tmp_path, {"cluster.instances": 3, "policy.name": "vllm",
+                                   "cluster.prefill": 1, "cluster.decode": 2,
+                                   "policy.decode_router": "predicted-load",
+                                   "policy.ares.forecast.predictor": "noisy:mae=0",
+                                   "instance.prefix_block_tokens": 0}) as (base, driver):
+        router = driver.scheduler.policy.decode_router
+        assert isinstance(router, PredictedLoadDecodeRouter)
+        assert not router.predictor.knows_true_length
+        placed: list[int] = []
+        route = router.route
+
+        def recording(*args):  # type: ignore[no-untyped-def]
+            placed.append(route(*args))
+            return placed[-1]
+
+        router.route = recording  # type: ignore[method-assign]
+        out: dict = {}
+        runs = [threading.Thread(target=complete,
+                                 args=(base, f"{SHORT_PROMPT} {k}", 150, out, f"r{k}"))
+                for k in range(4)]
+        for thread in runs:
+            thread.start()
+        for thread in runs:
+            thread.join(180)
+            assert not thread.is_alive()
+        assert router.dispatches == 4 and sorted(placed) == [1, 1, 2, 2]
+        for k in range(4):
+            body = out[f"r{k}"]
+            assert body["usage"]["completion_tokens"] == 150
+            assert body["choices"][0]["text"] == reference_text(f"{SHORT_PROMPT} {k}", 150)

@@ -92,6 +92,7 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "reserve": Path("cluster.reserve"),
         "perfs": "a heterogeneous cluster's models, from cluster.instances groups",
         "roles": "a heterogeneous cluster's roles, from cluster.instances groups",
+        "output_lengths_known": "the world's: True in a simulation, False live (max_tokens)",
         "chunk_size_tokens": Path("instance.chunk_size_tokens"),
         "max_batch_size": Path("instance.max_batch_size"),
         "monitor_window_s": Path("monitor.window_s"),

@@ -16,7 +16,8 @@
 | vllm        | xPyD fixed    | min-load       | min-running-tokens | ARES's "vLLM"     |
 | reschedule-current | xPyD   | min-load       | min-running-tokens | + Alg. 1, current load |
 | ares        | xPyD fixed    | min-load       | min-running-tokens | + ARES Alg. 1     |
-(Any preset takes ARES's rebalancer with `PolicyConfig.rebalancer`; policies/ares/preset.py.)
+(Any preset takes ARES's rebalancer with `PolicyConfig.rebalancer`; policies/ares/preset.py;
+and decode router `predicted-load`, dispatch by predicted future load: policies/ares/dispatch.py.)
 
 Any preset's routers can be swapped by name (`PolicyConfig.prefill_router`,
 `decode_router`), except taichi's, whose components share per-request state
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from pdserve.instance.phase_priority import parse_phase_priority
 from pdserve.policies.ampd.preset import AMPD_VARIANTS, build_ampd_policy
+from pdserve.policies.ares.dispatch import PredictedLoadDecodeRouter
 from pdserve.policies.ares.preset import ARES_PRESETS, attach_rebalancer
 from pdserve.policies.arrow.context import ArrowContext
 from pdserve.policies.arrow.decode_router import ArrowDecodeRouter
@@ -80,6 +82,8 @@ DECODE_ROUTERS: dict[str, Callable[[PolicySetup, ArrowContext | None], DecodeRou
     "min-running-tokens": lambda setup, arrow: MinRunningTokensDecodeRouter(),
     "in-place": lambda setup, arrow: InPlaceDecodeRouter(),
     "arrow": lambda setup, arrow: ArrowDecodeRouter(arrow or arrow_context(setup)),
+    "predicted-load": lambda setup, arrow: PredictedLoadDecodeRouter(
+        setup.ares.forecast, setup.output_lengths_known),
 }
 
 
@@ -97,9 +101,22 @@ def build_policy(setup: PolicySetup) -> tuple[Policy, int]:
     rebalancer = section.rebalancer or ARES_PRESETS.get(section.name, "")
     if rebalancer:
         attach_rebalancer(policy, rebalancer, setup.ares, setup.perf)
+    if isinstance(policy.decode_router, PredictedLoadDecodeRouter):
+        _keep_predicted_forecasts(policy, policy.decode_router)
     if section.phase_priority:
         policy.phase_priority = parse_phase_priority(section.phase_priority)
     return policy, count
+
+
+def _keep_predicted_forecasts(policy: Policy, router: PredictedLoadDecodeRouter) -> None:
+    """The instances keep the forecasts predicted-load dispatch reads (the rebalancer's,
+    which must then predict too)."""
+    if policy.decode_forecast is None:
+        policy.decode_forecast = router.settings
+    elif policy.decode_forecast != router.settings:
+        raise ValueError("decode router 'predicted-load' reads the instances' predicted "
+                         "load; the 'reschedule-current' rebalancer keeps only their current "
+                         "load (use rebalancer 'ares' or 'none' with it)")
 
 
 def _build_preset(name: str, setup: PolicySetup) -> tuple[Policy, int]:

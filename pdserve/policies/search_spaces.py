@@ -1,7 +1,7 @@
 """Every search space `pdserve plan` can search, by name: each paper's (declared beside its
 preset, `SEARCH_SPACES` in `policies/<paper>/preset.py`), the generic presets', and the
 compositions across papers, which are candidates like any other. `CANNOT_COMPOSE` lists the
-components that do not compose and why (`tests/test_plan_spaces.py` builds every space and
+components that do not compose and why (`tests/test_plan.py` builds every space and
 checks that each listed config fails to build, for the reason given).
 """
 
@@ -70,6 +70,11 @@ CANNOT_COMPOSE = (
     CannotCompose("AMPD reordering (Alg. 2)", "another preset",
                   "the queue order is not a config field: Alg. 2 comes with the ampd "
                   "presets only"),
+    CannotCompose("predicted-load dispatch", "the reschedule-current rebalancer",
+                  "the dispatch reads the instances' predicted load, and reschedule-current "
+                  "makes them keep only their current load",
+                  {"policy.name": "reschedule-current",
+                   "policy.decode_router": "predicted-load"}),
     CannotCompose("reserve instances", "any preset but flowkv",
                   "only FlowKV's role manager scales from a reserve",
                   {"policy.name": "static-pd", "cluster.instances": "1xh800:prefill,"

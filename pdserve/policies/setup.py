@@ -74,6 +74,8 @@ class PolicySetup:
     # instance.prefix_block_tokens, resolved: the instances' prefix-cache block (0: flowkv's
     # own)
     prefix_block_tokens: int = 0
+    # a request's `output_tokens` is its true length (simulation); live it is `max_tokens`
+    output_lengths_known: bool = True
 
     @property
     def taichi(self) -> TaiChiSettings:

@@ -131,7 +131,8 @@ def build_app(config: Config, measure: Measure = background_start_up_profile) ->
         chunk_size_tokens=instance.chunk_size_tokens, max_batch_size=instance.max_batch_size,
         monitor_window_s=config.monitor.window_s,
         # flowkv hashes prompts per cache block (one KV block when the cache is off)
-        prefix_block_tokens=instance.prefix_block_tokens or KV_BLOCK_TOKENS, seed=config.seed))
+        prefix_block_tokens=instance.prefix_block_tokens or KV_BLOCK_TOKENS, seed=config.seed,
+        output_lengths_known=False))  # a request's output_tokens is its max_tokens here
     ray = server.ray
     sharing = count if ray is None else max(1, round(1 / (ray.gpus_per_worker
                                                           or 1)))  # workers per GPU

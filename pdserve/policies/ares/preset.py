@@ -9,6 +9,8 @@ with the fewest KV tokens (running plus arriving) -- the `min-running-tokens` ro
   ares                plus Alg. 1 with predicted future load (ARES)
 `policy.rebalancer: ares` (or `reschedule-current`) in a config adds the same rebalancer to
 any other preset (e.g. `policy.name: arrow`): `attach_rebalancer`.
+`policy.decode_router: predicted-load` replaces the foundation's dispatch by current load
+with dispatch by predicted load (`dispatch.py`), with or without the rebalancer.
 """
 
 from __future__ import annotations
