@@ -19,6 +19,9 @@ step at 50 % KV). Goodput is SLO-meeting requests per second at the offered rate
            (the decode step time of each instance's batch from the perf model), averaged over
            the run; and the wall time of one rescheduling round at each size
   table 4  Fig. 13: the same variance on the 1P+3D setup, every policy and predictor
+  table 5  predicted-length-aware dispatch (`policy.decode_router: predicted-load`, pdserve's
+           option; the paper has no dispatch rule) against dispatch by current load, with
+           and without ARES's rebalancer, at the paper's ShareGPT rates and past them
 
     python bench/ares_repro.py                 # all tables (~10 min on 2 shared cores)
     python bench/ares_repro.py --tables 1 --requests 300
@@ -85,10 +88,11 @@ def run(config: Config, label: str) -> Row:
 
 
 def print_rows(rows: list[Row]) -> None:
-    print(f"  {'policy':34s} {'goodput':>8s} {'thruput':>8s} {'P99 TPOT':>9s} "
+    width = max(34, *(len(r.label) for r in rows))
+    print(f"  {'policy':{width}s} {'goodput':>8s} {'thruput':>8s} {'P99 TPOT':>9s} "
           f"{'preempt':>7s} {'migr':>5s}")
     for r in rows:
-        print(f"  {r.label:34s} {r.goodput_rps:8.4f} {r.throughput_rps:8.4f} "
+        print(f"  {r.label:{width}s} {r.goodput_rps:8.4f} {r.throughput_rps:8.4f} "
               f"{r.p99_tpot_ms:7.1f}ms {r.preemptions:7d} {r.migrations:5d}", flush=True)
 
 
@@ -109,6 +113,34 @@ def table_rates(backend: str, requests: int, seeds: int) -> None:
                 policy if policy != "ares" else f"ares ({predictor})")
                 for seed in range(seeds)]
             rows.append(Row(per_seed[0].label,
+                            *(statistics.fmean(getattr(r, f) for r in per_seed)
+                              for f in ("goodput_rps", "throughput_rps", "p99_tpot_ms")),
+                            round(statistics.fmean(r.preemptions for r in per_seed)),
+                            round(statistics.fmean(r.migrations for r in per_seed)),
+                            sum(r.wall_s for r in per_seed)))
+        print_rows(rows)
+
+
+DISPATCH = [("vllm", "", "history"), ("vllm", "predicted-load", "history"),
+            ("vllm", "predicted-load", "noisy:mae=3873"), ("vllm", "predicted-load", "oracle"),
+            ("ares", "", "noisy:mae=3873"), ("ares", "predicted-load", "noisy:mae=3873")]
+
+
+def table_dispatch(backend: str, requests: int, seeds: int) -> None:
+    print("table 5: dispatch by predicted load vs by current load, ShareGPT long outputs "
+          f"({requests} requests, mean of {seeds} seeds; per-seed preemptions in brackets)")
+    for rate in (0.13, 0.17, 0.2, 0.25):
+        print(f" sharegpt-long at {rate} req/s")
+        rows = []
+        for policy, router, predictor in DISPATCH:
+            label = (f"{policy} + {'predicted' if router else 'current'}-load dispatch "
+                     f"({predictor})")
+            per_seed = [run(base_config(backend, {
+                "policy.name": policy, "policy.decode_router": router,
+                "policy.ares.forecast.predictor": predictor, "seed": seed,
+                "workload.synthetic_requests": requests,
+                "workload.synthetic_rate_rps": rate}), label) for seed in range(seeds)]
+            rows.append(Row(label + f" [{' '.join(str(r.preemptions) for r in per_seed)}]",
                             *(statistics.fmean(getattr(r, f) for r in per_seed)
                               for f in ("goodput_rps", "throughput_rps", "p99_tpot_ms")),
                             round(statistics.fmean(r.preemptions for r in per_seed)),
@@ -231,7 +263,7 @@ def table_small_balance(backend: str, requests: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tables", default="1,2,3,4")
+    parser.add_argument("--tables", default="1,2,3,4,5")
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--sizes", default="8,16,32,64,128,256")
@@ -260,6 +292,8 @@ def main() -> None:
                       args.warmup)
     if "4" in tables:
         table_small_balance(args.backend, args.requests)
+    if "5" in tables:
+        table_dispatch(args.backend, args.requests, args.seeds)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ specifies no dispatch rule. pdserve's, from the same ingredients as Alg. 1:
   of the time-weighted variance after the assignment that depends on the instance),
   then by fewer current tokens, then the lower id.
 Why the peak and not Eq. 4 alone: the imbalance ARES fights costs preemptions when an
-instance runs out of KV, and the variance objective (measured first, ares.md) spreads load
-evenly over the horizon (2,000 steps) while a 30K-token request's KV peaks beyond it; on
-ShareGPT long outputs at 0.17 req/s with the oracle it left 198 preemptions where current
-load left 277 and the peak leaves 25.
+instance runs out of KV, and the variance objective (tried first) spreads load evenly over
+the forecast horizon (2,000 steps) while a 30K-token request's KV peaks beyond it. On
+ShareGPT long outputs at 0.17 req/s (seed 0, oracle, 600 requests) dispatch by current load
+left 277 preemptions, Eq. 4's overlap 198, the peak 0 (docs/results/ares.md, table 5, for
+the other rates and seeds, and where it does not help).
 
 The request's N̂(r) comes from the same predictor the workers run (the forecast settings'
 spec; in the simulator `oracle` and `noisy` read the true length, live they see only
