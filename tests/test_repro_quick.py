@@ -27,9 +27,10 @@ def run_script(*args: str, timeout_s: float = 300.0) -> str:
 @pytest.mark.slow
 def test_ares_repro_quick() -> None:
     out = run_script("bench/ares_repro.py", "--quick")
-    for heading in ("table 1", "table 2", "table 3", "table 4"):
+    for heading in ("table 1", "table 2", "table 3", "table 4", "table 5"):
         assert heading in out
     assert out.count("ares (oracle)") >= 6 + 2  # table 1's six cases, table 4's two rates
+    assert out.count("vllm + predicted-load dispatch (oracle)") == 4  # table 5's four rates
 
 
 @pytest.mark.slow
