@@ -5,7 +5,8 @@ on one workload, then predict another.
    with one other worker decoding).
 2. Workload A, for each policy's deployment (colocated: 2 mixed workers; static-pd: 1P1D):
    one live run with `PDSERVE_STEP_LOG=DIR` (`azure-conv` from second 600, prompts capped
-   at 512 and outputs at 64 tokens, 60 s at rate scale `--rate-a`), then the user's command,
+   at `--a-max-input` (512) and outputs at 64 tokens, 60 s at rate scale `--rate-a`, or
+   rising from it to `--ramp-to`: `pdserve bench --ramp-to`), then the user's command,
    `pdserve profile --from-step-log DIR --out calibrated-<policy>.json` (its output printed).
 3. Workload B, not used to fit: Poisson arrivals with ShareGPT lengths (prompts capped at
    768, outputs at 128 tokens: longer prompts, twice the decode per request), 60 s, at a
@@ -121,6 +122,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/calibrate"))
     parser.add_argument("--rate-a", type=float, default=0.8, help="workload A's rate scale")
+    parser.add_argument("--ramp-to", type=float, default=0.0, help="workload A as a ramp: its "
+                        "rate scale rises from --rate-a to this over the run (`pdserve bench "
+                        "--ramp-to`), so its log covers light to heavy batches [off]")
+    parser.add_argument("--a-max-input", type=int, default=512,
+                        help="workload A's prompt cap (B's is 768)")
     parser.add_argument("--light", type=float, default=0.3, help="light load's utilisation")
     parser.add_argument("--high", type=float, default=0.75, help="the high load's")
     parser.add_argument("--repeats", type=int, default=2)
@@ -134,8 +140,9 @@ def main() -> None:
     pdserve("profile", "--model", "tiny", "--kv-blocks", str(KV_BLOCKS), "--contention", "1",
             "--out", str(old))
 
-    workload_a = (load_trace("azure-conv").window(600.0).clipped(512, 64)
-                  .scaled(args.rate_a).window(0.0, args.duration))
+    trace_a = load_trace("azure-conv").window(600.0).clipped(args.a_max_input, 64)
+    workload_a = (trace_a.ramped(args.rate_a, args.ramp_to, args.duration) if args.ramp_to
+                  else trace_a.scaled(args.rate_a).window(0.0, args.duration))
     calibrated: dict[str, Path] = {}
     report: dict[str, object] = {"workload_a_requests": len(workload_a), "runs": []}
     for policy in POLICIES:

@@ -150,6 +150,10 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default="")
     p.add_argument("--trace", default="azure-conv", help="shipped trace or trace file")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
+    p.add_argument("--ramp-to", type=float, default=0.0, metavar="SCALE",
+                   help="raise the rate scale linearly from --rate-scale to SCALE over the "
+                   "replay: one run that sweeps the load (a calibration run for `pdserve "
+                   "profile --from-step-log`) [off]")
     p.add_argument("--start", type=float, default=0.0, help="skip START s of the trace")
     p.add_argument("--duration", type=float, default=60.0,
                    help="seconds of replay, after rate scaling [60]")
@@ -174,7 +178,10 @@ def bench_workload(args: argparse.Namespace):
     workload = load_trace(args.trace)
     if args.start:
         workload = workload.window(args.start)
-    workload = workload.scaled(args.rate_scale).window(0.0, args.duration)
+    if args.ramp_to:
+        workload = workload.ramped(args.rate_scale, args.ramp_to, args.duration)
+    else:
+        workload = workload.scaled(args.rate_scale).window(0.0, args.duration)
     if len(workload) == 0:
         raise ValueError("no requests in the chosen window")
     return workload.clipped(args.max_input_tokens, args.max_output_tokens)
@@ -227,8 +234,10 @@ def _run_bench(args: argparse.Namespace) -> int:
                                 f"live replay of {args.trace}")
         reported = write_report(args.out / "report.html", run_state(
             f"pdserve bench: {args.trace} against {args.url}", f"{len(requests)} requests "
-            f"of {model}, rate scale {args.rate_scale:g}; SLO TTFT {slo.ttft_s:g} s, TPOT "
-            f"{slo.tpot_s:g} s (a pdserve server shows its cluster at /dashboard)", requests,
+            f"of {model}, rate scale {args.rate_scale:g}"
+            f"{f' ramped to {args.ramp_to:g}' if args.ramp_to else ''}; SLO TTFT "
+            f"{slo.ttft_s:g} s, TPOT {slo.tpot_s:g} s (a pdserve server shows its cluster at "
+            "/dashboard)", requests,
             slo, cards=[("requests", str(summary.requests)),
                         ("completed", str(summary.completed)),
                         ("SLO attainment", f"{summary.slo_attainment:.1%}"),

@@ -41,6 +41,43 @@ def test_rate_scale_divides_timestamps_and_window_clips_and_rebases():
     assert window.requests()[0].input_tokens == int(trace.input_tokens[trace.arrival_s >= 600][0])
 
 
+def test_a_ramp_raises_the_rate_linearly_over_the_replay():
+    from pdserve.workload.workload import Workload
+
+    n = 1000
+    even = Workload("even", np.arange(n, dtype=float), np.full(n, 100), np.full(n, 10))
+    ramp = even.ramped(1.0, 3.0, 100.0)  # 1 -> 3 requests per second over 100 s
+    assert len(ramp) == 200  # (1 + 3) / 2 x 100 s of the trace
+    assert ramp.arrival_s[0] == 0 and ramp.arrival_s[-1] < 100
+    assert np.all(np.diff(ramp.arrival_s) > 0)
+    # trace time at t = 50: 50 + 2 x 50^2 / 200 = 75 arrivals in the first half
+    assert np.sum(ramp.arrival_s < 50) == 75
+    first, last = np.diff(ramp.arrival_s)[[0, -1]]  # gaps at rates ~1.01 and ~2.99 per s
+    assert first == pytest.approx(1 / 1.01, rel=0.01) and last == pytest.approx(1 / 2.99, rel=0.01)
+    assert np.allclose(even.ramped(2.0, 2.0, 100.0).arrival_s,
+                       even.scaled(2.0).window(0.0, 100.0).arrival_s)
+    down = even.ramped(3.0, 1.0, 100.0)  # a ramp down takes in the same span
+    assert len(down) == 200 and down.arrival_s[-1] < 100
+    with pytest.raises(ValueError, match="positive"):
+        even.ramped(1.0, -2.0, 100.0)
+
+
+def test_bench_replays_a_ramp_when_asked():
+    from argparse import Namespace
+
+    from pdserve.cli import bench_workload
+
+    args = Namespace(trace="azure-conv", start=600.0, rate_scale=0.4, ramp_to=2.0,
+                     duration=90.0, max_input_tokens=768, max_output_tokens=64)
+    ramp = bench_workload(args)
+    trace = load_trace("azure-conv").window(600.0).window(0.0, (0.4 + 2.0) / 2 * 90.0)
+    assert len(ramp) == len(trace) and ramp.input_tokens.max() <= 768
+    assert np.sum(ramp.arrival_s >= 45) > 2 * np.sum(ramp.arrival_s < 45)  # the load rises
+    flat = bench_workload(Namespace(**{**vars(args), "ramp_to": 0.0}))
+    assert len(flat) == len(load_trace("azure-conv").window(600.0).scaled(0.4)
+                            .window(0.0, 90.0))
+
+
 def test_unknown_trace_is_a_clear_error():
     with pytest.raises(ValueError, match="neither a shipped trace"):
         load_trace("no-such-trace")

@@ -77,6 +77,22 @@ class Workload:
         return replace(self, name=f"{self.name}x{rate_scale:g}",
                        arrival_s=self.arrival_s / rate_scale)
 
+    def ramped(self, start_scale: float, end_scale: float, duration_s: float) -> Workload:
+        """The first `duration_s` seconds of a replay whose rate scale rises (or falls)
+        linearly from `start_scale` to `end_scale`, time rebased to 0: a calibration run
+        that sweeps the load (`pdserve bench --ramp-to`). Trace time T and replay time t
+        relate by T = r0 t + (r1 - r0) t^2 / (2 D), so the replay takes in (r0 + r1) D / 2
+        seconds of the trace; each arrival's t is that quadratic's root, in the form
+        2T / (r0 + sqrt(r0^2 + 2 (r1 - r0) T / D)) that holds for r1 = r0 too."""
+        if not (start_scale > 0 and end_scale > 0 and duration_s > 0):
+            raise ValueError(f"a ramp needs positive rate scales and duration, got "
+                             f"{start_scale} -> {end_scale} over {duration_s} s")
+        span = self.window(0.0, (start_scale + end_scale) / 2 * duration_s)
+        trace_s = span.arrival_s
+        root = np.sqrt(start_scale ** 2 + 2 * (end_scale - start_scale) * trace_s / duration_s)
+        return replace(span, name=f"{self.name}ramp{start_scale:g}-{end_scale:g}",
+                       arrival_s=2 * trace_s / (start_scale + root))
+
     def window(self, start_s: float = 0.0, duration_s: float | None = None) -> Workload:
         """Requests arriving in [start_s, start_s + duration_s), with time rebased to 0."""
         if start_s < 0 or (duration_s is not None and duration_s <= 0):
