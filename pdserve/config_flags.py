@@ -121,7 +121,7 @@ def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Co
 WORKLOAD_FLAGS = (
     Flag("--trace", "workload.trace", f"shipped trace ({', '.join(SHIPPED_TRACES)}), a trace "
          "file (pdserve/Azure/BurstGPT CSV, Mooncake JSONL), 'synthetic', or multi-round "
-         "sessions: sharegpt-sessions, agent:toolbench|gaia|hotpotqa|dureader "
+         "sessions: sharegpt-sessions, agent:toolbench|gaia|hotpotqa|dureader[:new|prompt] "
          "(--synthetic-requests sessions at --synthetic-rate per second)"),
     Flag("--rate-scale", "workload.rate_scale", "multiply the request rate"),
     Flag("--start", "workload.start_s", "skip the first START seconds of the trace"),

@@ -54,6 +54,12 @@ def test_ampd_repro_quick() -> None:
     out = run_script("bench/ampd_repro.py", "--quick")
     assert "mean relative gain" in out and "Sensitivity" in out
     assert "Planner wall time" not in out
+    assert "| gaia (32) | new |" in out and "| gaia (32) | prompt |" in out  # feasibility
+    assert "| model | trace (GPUs) | load |" in out and "load 1.6)" in out
+    paper = run_script("bench/ampd_repro.py", "--quick", "--axis", "sessions", "--reading",
+                       "prompt", "--jobs", "1")
+    assert "| model | trace (GPUs) | sessions/s |" in paper and "sessions/s 2)" in paper
+    assert "read as prompt" in paper
 
 
 @pytest.mark.slow

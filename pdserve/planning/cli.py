@@ -47,7 +47,7 @@ PLANNER_DEFAULTS: dict[str, dict[str, Any]] = {  # the planners' own options
 SHARED_FLAGS = (
     Flag("--trace", "workload.trace", "shipped trace, trace file, 'synthetic', or a session "
          "workload (ampd: sharegpt-sessions, mooncake-sessions, "
-         "agent:toolbench|gaia|hotpotqa|dureader)"),
+         "agent:toolbench|gaia|hotpotqa|dureader[:new|prompt])"),
     Flag("--synthetic-requests", "workload.synthetic_requests",
          "synthetic requests (ampd: sessions per replica)"),
     Flag("--synthetic-rate", "workload.synthetic_rate_rps",

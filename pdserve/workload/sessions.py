@@ -14,15 +14,45 @@ as a Poisson process. Workload names:
                       prompt plus output, capped below its own prompt (the trace gives whole
                       prompts, not what they share); its delay is the trace's gap between the
                       two rounds' arrivals
-  agent:<kind>        synthetic agent sessions matching Table 1 (`AGENT_PROFILES`):
-                      toolbench, gaia, hotpotqa, dureader
+  agent:<kind>[:<reading>]
+                      synthetic agent sessions matching Table 1 (`AGENT_PROFILES`): kind
+                      toolbench, gaia, hotpotqa or dureader; reading `new` (the default,
+                      also `agent:<kind>`) or `prompt`, how Table 1's "prefill length" is
+                      read (below)
 
 Synthetic lengths: the number of rounds is fixed for the retrieval traces (HotpotQA and
 DuReader run three retrieval calls, Appendix B) and 1 + Poisson(mean - 1) for the agent
-traces; per-round new prompt and output lengths are lognormal with the table's means and a
-coefficient of variation `LENGTH_CV`. Tool delays (the paper gives none) are lognormal with
-the profile's median and sigma 0.8: API tools about a second, web browsing in GAIA a few
-seconds, a retrieval call a few hundred milliseconds.
+traces; per-round new prompt and output lengths are lognormal with a mean per round (below)
+and a coefficient of variation `LENGTH_CV`. Tool delays (the paper gives none) are lognormal
+with the profile's median and sigma 0.8: API tools about a second, web browsing in GAIA a
+few seconds, a retrieval call a few hundred milliseconds.
+
+Two readings of Table 1's "prefill length" P (the paper does not say which it means):
+
+  new     P is the NEW prompt tokens of every round; a round's prompt is its history plus
+          P on average. GAIA (11.32 rounds, P 6,161, decode 529) then grows to ~70K-token
+          contexts, past Qwen3-32B's native 32K window, and a session asks ~70K tokens of
+          prefill.
+  prompt  P is the mean PROMPT of a round, history included (what a prefill task of the
+          trace computes attention over): averaged over every round of the trace, as the
+          decode length is. With n new tokens and D output tokens per round, round r's
+          prompt is n + r (n + D) on average, so the mean over all rounds is
+          P = n + c (n + D),  c = E[R (R - 1) / 2] / E[R]  for R rounds per session, i.e.
+          n = (P - c D) / (1 + c).  c = (R - 1) / 2 for a fixed R (HotpotQA, DuReader: n =
+          745 and 1,466) and (l + l^2 / 2) / (1 + l) for R = 1 + Poisson(l) (ToolBench:
+          c = 1.85, n = 214; GAIA: c = 5.62, n = 482, contexts ~12K). Averaging each
+          session's own mean instead would give c = (E[R] - 1) / 2 (n = 254 and 557); the
+          trace-wide average is the one a table of per-trace averages most plainly means.
+
+Why `prompt` is the likelier reading: the paper's sec. 3 calls a session's later prefills
+"incremental" and its Fig. 4 reports TTFT for initial and incremental prefill separately,
+yet Table 1 gives one "prefill length" per trace, a property of the prefill tasks the trace
+replays; Qwen3-32B serves GAIA in Fig. 4, and under `new` most GAIA rounds exceed its native
+32K context; and at Fig. 4's 0.8-2.4 requests per second (sessions: "a request (a.k.a., a
+session)", sec. 3) `new` asks GAIA's 32 H20s for several times their prefill capacity, which
+`prompt` does not (`bench/ampd_repro.py`'s feasibility table measures both). What stays
+unknown: the length distributions (lognormal here), the round-count distribution, the tool
+delays, and whether the published traces count tokens the same way.
 """
 
 from __future__ import annotations
@@ -40,15 +70,36 @@ LENGTH_CV = 0.6
 TOOL_DELAY_SIGMA = 0.8
 
 
+TABLE1_READINGS = ("new", "prompt")  # how Table 1's prefill length is read (docstring)
+
+
 @dataclass(frozen=True)
 class AgentProfile:
     """Table 1's averages for one trace, plus the tool delay the paper does not give."""
 
     mean_rounds: float
     fixed_rounds: bool
-    prefill_tokens: float  # new prompt tokens per round
+    prefill_tokens: float  # Table 1's "prefill length" (read by `TABLE1_READINGS`)
     decode_tokens: float  # output tokens per round
     tool_delay_median_s: float
+
+    def history_rounds_factor(self) -> float:
+        """c = E[R (R - 1) / 2] / E[R]: the mean over all rounds of how many earlier rounds
+        a round's history holds (R fixed, or 1 + Poisson(mean - 1))."""
+        if self.fixed_rounds:
+            return (round(self.mean_rounds) - 1) / 2
+        extra = self.mean_rounds - 1
+        return (extra + extra * extra / 2) / (1 + extra)
+
+    def new_tokens_per_round(self, reading: str) -> float:
+        """Mean new prompt tokens per round under `reading` (module docstring)."""
+        if reading == "new":
+            return self.prefill_tokens
+        if reading == "prompt":
+            c = self.history_rounds_factor()
+            return (self.prefill_tokens - c * self.decode_tokens) / (1 + c)
+        raise ValueError(f"unknown reading {reading!r} of Table 1's prefill length; known: "
+                         f"{', '.join(TABLE1_READINGS)}")
 
 
 AGENT_PROFILES: dict[str, AgentProfile] = {
@@ -74,11 +125,23 @@ def session_workload(name: str, sessions: int, rate_sps: float, seed: int = 0) -
         return mooncake_sessions()
     if name == "sharegpt-sessions":
         return sharegpt_sessions(sessions, rate_sps, rng)
-    kind = name.removeprefix("agent:")
-    if kind not in AGENT_PROFILES:
-        raise ValueError(f"unknown agent workload {name!r}; known: "
-                         f"{', '.join('agent:' + k for k in AGENT_PROFILES)}")
-    return agent_sessions(kind, sessions, rate_sps, rng)
+    kind, reading = agent_spec(name)
+    return agent_sessions(kind, sessions, rate_sps, rng, reading)
+
+
+def agent_spec(name: str) -> tuple[str, str]:
+    """`agent:<kind>[:<reading>]` -> (kind, reading); a clear ValueError otherwise."""
+    parts = name.split(":")
+    kind = parts[1] if len(parts) > 1 else ""
+    reading = parts[2] if len(parts) > 2 else "new"
+    if (parts[0] != "agent" or len(parts) > 3 or kind not in AGENT_PROFILES
+            or reading not in TABLE1_READINGS):
+        raise ValueError(f"unknown agent workload {name!r}: expected agent:<kind> or "
+                         f"agent:<kind>:<reading> with kind one of "
+                         f"{', '.join(AGENT_PROFILES)} and reading one of "
+                         f"{', '.join(TABLE1_READINGS)} (Table 1's prefill length as new "
+                         f"tokens per round, the default, or as the mean prompt per round)")
+    return kind, reading
 
 
 def from_rounds(name: str, starts_s: np.ndarray, new_input: list[list[int]],
@@ -108,9 +171,10 @@ def _lognormal(rng: np.random.Generator, mean: float, cv: float, size: int) -> n
     return rng.lognormal(np.log(mean) - sigma2 / 2, np.sqrt(sigma2), size)
 
 
-def agent_sessions(kind: str, sessions: int, rate_sps: float,
-                   rng: np.random.Generator) -> Workload:
+def agent_sessions(kind: str, sessions: int, rate_sps: float, rng: np.random.Generator,
+                   reading: str = "new") -> Workload:
     profile = AGENT_PROFILES[kind]
+    new_tokens = profile.new_tokens_per_round(reading)
     starts = np.cumsum(rng.exponential(1 / rate_sps, sessions))
     starts -= starts[0]
     if profile.fixed_rounds:
@@ -119,13 +183,14 @@ def agent_sessions(kind: str, sessions: int, rate_sps: float,
         rounds = 1 + rng.poisson(profile.mean_rounds - 1, sessions)
     new_input, output, delays = [], [], []
     for count in rounds.tolist():
-        new_input.append(np.rint(_lognormal(rng, profile.prefill_tokens, LENGTH_CV,
+        new_input.append(np.rint(_lognormal(rng, new_tokens, LENGTH_CV,
                                             count)).astype(int).tolist())
         output.append(np.rint(_lognormal(rng, profile.decode_tokens, LENGTH_CV,
                                          count)).astype(int).tolist())
         delays.append(rng.lognormal(np.log(profile.tool_delay_median_s), TOOL_DELAY_SIGMA,
                                     count).tolist())
-    return from_rounds(f"agent:{kind}", starts, new_input, output, delays)
+    name = f"agent:{kind}" if reading == "new" else f"agent:{kind}:{reading}"
+    return from_rounds(name, starts, new_input, output, delays)
 
 
 def sharegpt_sessions(sessions: int, rate_sps: float, rng: np.random.Generator) -> Workload:
