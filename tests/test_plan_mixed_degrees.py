@@ -90,6 +90,10 @@ def test_the_reserve_takes_either_pools_degree_and_arrow_taichi_colocated_get_no
         "1xh800/tp1:prefill,1xh800/tp2:decode,1xh800/tp1:reserve",
         "1xh800/tp2:prefill,1xh800/tp1:decode,1xh800/tp1:reserve"])
     assert all("cluster.reserve" not in c.settings for c in found)
+    assert len(found) == 2 * len(specs)  # each chunk size alike
+    for space in SEARCH_SPACES.values():
+        values = [c.values for c in mixed_degree_candidates(space, 8, [1, 2, 4, 8], "h100")]
+        assert len(set(values)) == len(values), space.name
     held = [c for c in found if "reserve" in c.settings["cluster.instances"]]
     assert {c.reserve for c in held} == {(1, 1)} and "+ 1xR TP1" in held[0].describe()
     for name in ("arrow", "arrow+ares", "static-pd+arrow-routers+ares", "taichi", "colocated"):

@@ -175,8 +175,9 @@ def mixed_degree_candidates(space: SearchSpace, gpus: int, degrees: list[int], g
     if space.shape != "disaggregated" or space.one_degree:
         return []
     found: list[Candidate] = []
-    for chunk, knobs in itertools.product(space.chunk_sizes, _knob_settings(space)):
-        reserve = int(knobs.pop("cluster.reserve", 0))  # in the groups, not a count
+    for chunk, settings in itertools.product(space.chunk_sizes, _knob_settings(space)):
+        reserve = int(settings.get("cluster.reserve", 0))  # in the groups, not a count
+        knobs = {k: v for k, v in settings.items() if k != "cluster.reserve"}
         for a, b in itertools.permutations(degrees, 2):
             for reserve_tp in ((a, b) if reserve else (0,)):
                 serving = gpus - reserve * reserve_tp
