@@ -2,8 +2,9 @@
 (model x input/output lengths x SLO pair x GPU, 8 GPUs each), the best aggregated and the best
 disaggregated rate by AIConfigurator 0.12.0 (`aiconfigurator cli default`, measured vLLM
 kernels, a static estimate: no arrivals, no queueing) and by pdserve's planner (colocated over
-tensor-parallel degrees and chunk sizes; static-pd over degrees, splits and chunk sizes;
-goodput at 90 % attainment of both SLOs under Poisson arrivals of fixed-length requests).
+tensor-parallel degrees and chunk sizes; static-pd over degrees, one for both pools or one per
+pool, splits and chunk sizes; goodput at 90 % attainment of both SLOs under Poisson arrivals
+of fixed-length requests).
 
 For each question:
   AIC       its CLI in a subprocess (offline: it ships its model configs and perf database);
@@ -272,10 +273,18 @@ def plan_question(question: Question, jobs: int, shortlist: int, seeds: int
         answer[side] = None if row is None else {
             "rps": row.goodput.mean, "low_rps": row.goodput.low, "high_rps": row.goodput.high,
             "fidelity": row.fidelity, "describe": row.candidate.describe(),
-            "values": dict(row.candidate.values), "tp": row.candidate.settings["perf.tp"],
+            "values": dict(row.candidate.values), "tp": _degree(row.candidate, decode=True),
+            "prefill_tp": _degree(row.candidate, decode=False),
             "ttft_p90_s": row.ttft_p90_s, "tpot_p90_s": row.tpot_p90_s,
             "screened": row.screened, "simulated": row.simulated, "simulations": runs}
     return answer
+
+
+def _degree(candidate: Any, decode: bool) -> int:
+    """The degree of the candidate's decoding (or its prefilling) instances: one degree for
+    all on the same-degree grid, one per pool on a mixed-degree deployment."""
+    return next(g.tp for g in candidate.deployment.groups
+                if (g.decode if decode else g.prefill))
 
 
 def at_rate(question: Question, values: dict[str, Any], rate_rps: float,

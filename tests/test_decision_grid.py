@@ -80,3 +80,16 @@ def test_compare_needs_both_sides_within_tolerance_and_the_winner():
     verdict = grid.compare(answer, pd)
     assert not verdict["within_tolerance"] and not verdict["same_winner"]
     assert verdict["pd_winner"] == "disagg" and math.isclose(verdict["ratio_disagg"], 1.6)
+
+
+def test_the_degrees_recorded_come_from_the_deployment():
+    from pdserve.planning.candidates import enumerate_candidates, mixed_degree_candidates
+    from pdserve.policies.search_spaces import SEARCH_SPACES
+
+    grid, space = _grid(), SEARCH_SPACES["static-pd"]
+    [mixed] = [c for c in mixed_degree_candidates(space, 8, [2, 4], "h100")
+               if c.settings["instance.chunk_size_tokens"] == 2048
+               and c.deployment.groups[0].tp == 2]  # 2P TP2 + 1D TP4
+    assert (grid._degree(mixed, decode=False), grid._degree(mixed, decode=True)) == (2, 4)
+    same = enumerate_candidates(space, 8, [4])[0]
+    assert grid._degree(same, decode=False) == grid._degree(same, decode=True) == 4

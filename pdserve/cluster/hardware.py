@@ -48,6 +48,14 @@ def parse_instances(spec: str) -> list[InstanceGroup]:
     return sorted(groups, key=lambda g: _ROLE_ORDER.index(g.role))
 
 
+def format_instances(groups: list[InstanceGroup]) -> str:
+    """The `COUNTxGPU[/tpN]:ROLE` spec of `groups`, in their order (`parse_instances` reads
+    it back)."""
+    names = {role: name for name, role in GROUP_ROLES.items()}
+    return ",".join(f"{g.count}x{g.gpu}" + (f"/tp{g.tp}" if g.tp else "") + f":{names[g.role]}"
+                    for g in groups)
+
+
 def instances_arg(value: str) -> int | str:
     """The `--instances` flag: a count (colocated presets) or a group spec."""
     if value.strip().isdigit():

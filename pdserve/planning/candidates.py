@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pdserve.cluster import hardware
 from pdserve.config import Config
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.specs import check_tp, model_spec
 from pdserve.planning.taichi import DISAGGREGATED_CHUNK_TOKENS, slider_grid
 from pdserve.policies.search import SearchSpace
+from pdserve.types import Role
 
 DEGREES = (1, 2, 4, 8)
 
@@ -86,10 +88,23 @@ class Candidate:
         """The policy's own settings (besides the deployment's)."""
         return {k: v for k, v in self.values if k.startswith("policy.") and k != "policy.name"}
 
+    @property
+    def reserve(self) -> tuple[int, int]:
+        """FlowKV's instances held back (not in the deployment the screen prices): (count,
+        degree)."""
+        settings = self.settings
+        spec = settings.get("cluster.instances")
+        if isinstance(spec, str):
+            held = [g for g in hardware.parse_instances(spec) if g.role is Role.RESERVE]
+            return (held[0].count, held[0].tp) if held else (0, 0)
+        return int(settings.get("cluster.reserve", 0)), int(settings.get("perf.tp", 0))
+
     def describe(self) -> str:
         knobs = " ".join(f"{k.split('.')[-1]}={v}" for k, v in self.knobs.items()
                          if not k.startswith("policy.taichi.chunk"))
-        return self.deployment.describe() + (f" {knobs}" if knobs else "")
+        count, tp = self.reserve
+        held = f" + {count}xR TP{tp}" if count else ""
+        return self.deployment.describe() + held + (f" {knobs}" if knobs else "")
 
 
 def feasible_degrees(model: str, gpus: int, perfs: Callable[[int], PerfModel]) -> list[int]:
@@ -144,6 +159,50 @@ def enumerate_candidates(space: SearchSpace, gpus: int, degrees: list[int]) -> l
         else:
             found.extend(_taichi_candidates(space, instances, tp))
     return found
+
+
+def mixed_degree_candidates(space: SearchSpace, gpus: int, degrees: list[int], gpu: str
+                            ) -> list[Candidate]:
+    """The deployments of a disaggregated `space` whose pools differ in degree: `p` prefill
+    instances at degree `a`, `d` decode instances at `b != a`, `p a + d b == gpus` (all in
+    use), both degrees from `degrees`, each chunk size and knob setting. A reserve instance
+    (FlowKV's `cluster.reserve` knob) takes either pool's degree, since Alg. 1 lends it to
+    whichever pool is overloaded: both are tried, `p a + d b + reserve == gpus`. None for a
+    space that declares why its pools share one degree (`SearchSpace.one_degree`, Arrow's),
+    nor for the other shapes: colocated instances all run both phases, and TaiChi's sliders
+    make P-heavy and D-heavy instances of one kind (its Alg. 1 flows decodes between them,
+    priced by one model). The same-degree deployments are `enumerate_candidates`'."""
+    if space.shape != "disaggregated" or space.one_degree:
+        return []
+    found: list[Candidate] = []
+    for chunk, settings in itertools.product(space.chunk_sizes, _knob_settings(space)):
+        reserve = int(settings.get("cluster.reserve", 0))  # in the groups, not a count
+        knobs = {k: v for k, v in settings.items() if k != "cluster.reserve"}
+        for a, b in itertools.permutations(degrees, 2):
+            for reserve_tp in ((a, b) if reserve else (0,)):
+                serving = gpus - reserve * reserve_tp
+                for prefill in range(1, serving // a + 1):
+                    rest = serving - prefill * a
+                    if rest <= 0 or rest % b:
+                        continue
+                    deployment = Deployment((InstanceGroup(prefill, a, chunk, True, False),
+                                             InstanceGroup(rest // b, b, chunk, False, True)))
+                    found.append(_candidate(space, {
+                        "cluster.instances": instances_spec(deployment, gpu, reserve,
+                                                            reserve_tp),
+                        "instance.chunk_size_tokens": chunk, **knobs}, deployment))
+    return found
+
+
+def instances_spec(deployment: Deployment, gpu: str, reserve: int = 0, reserve_tp: int = 0
+                   ) -> str:
+    """`cluster.instances` for `deployment` on `gpu` GPUs, each group at its degree, and
+    `reserve` instances of degree `reserve_tp` held back (FlowKV's)."""
+    groups = [hardware.InstanceGroup(g.count, gpu, hardware.GROUP_ROLES[g.role], g.tp)
+              for g in deployment.groups]
+    if reserve:
+        groups.append(hardware.InstanceGroup(reserve, gpu, Role.RESERVE, reserve_tp))
+    return hardware.format_instances(groups)
 
 
 def _taichi_candidates(space: SearchSpace, instances: int, tp: int) -> list[Candidate]:

@@ -2,7 +2,8 @@
 deployment, for this workload, these SLOs, this many GPUs of this type.
 
 Every search space (`pdserve.policies.search_spaces`: each preset's, and the compositions
-across papers) is enumerated on the GPUs (`candidates.py`), AMPD's ILP adds its deployments
+across papers) is enumerated on the GPUs (`candidates.py`: one degree for all instances, and
+a degree per pool for the disaggregated spaces), AMPD's ILP adds its deployments
 (`proposals.py`), and the multi-fidelity search (`multi_fidelity.py`) screens, shortlists
 and confirms them with the same budget per space. The outcome (`outcome.py`) is printed
 (`report.py`), and with `--out DIR` written as the winner's config (`winner.yaml`), the
@@ -24,7 +25,12 @@ from pathlib import Path
 from pdserve.config import Config
 from pdserve.config_flags import config_from_args
 from pdserve.perf.fitted import PerfModel
-from pdserve.planning.candidates import Candidate, enumerate_candidates, feasible_degrees
+from pdserve.planning.candidates import (
+    Candidate,
+    enumerate_candidates,
+    feasible_degrees,
+    mixed_degree_candidates,
+)
 from pdserve.planning.fidelity import Fidelity
 from pdserve.planning.multi_fidelity import MultiFidelitySearch, SearchBudget, SearchOutcome
 from pdserve.planning.outcome import (
@@ -81,7 +87,8 @@ def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> li
                          f"{base.perf.gpu} GPUs")
     candidates: list[Candidate] = []
     for space in spaces_for(policy, sessions):
-        found = enumerate_candidates(space, gpus, degrees)
+        found = (enumerate_candidates(space, gpus, degrees)
+                 + mixed_degree_candidates(space, gpus, degrees, base.perf.gpu))
         if space.preset == "ampd" and space.name == "ampd":
             found += ampd_ilp_candidates(space, found, gpus, base.perf.gpu, screen)
         candidates += found

@@ -11,7 +11,7 @@ deployment is a heterogeneous cluster (`cluster.instances`: prefill groups first
 from __future__ import annotations
 
 from pdserve.planning.ampd_ilp import INFEASIBLE, solve
-from pdserve.planning.candidates import Candidate, Deployment, InstanceGroup
+from pdserve.planning.candidates import Candidate, Deployment, InstanceGroup, instances_spec
 from pdserve.planning.screen import Screen
 from pdserve.policies.search import SearchSpace
 
@@ -51,9 +51,7 @@ def ampd_ilp_candidates(space: SearchSpace, grid: list[Candidate], gpus: int, gp
         if deployment in known:
             continue
         values = {"policy.name": space.preset, **space.fixed,
-                  "cluster.instances": f"{plan.prefill_replicas}x{gpu}/tp{plan.prefill_degree}"
-                                       f":prefill,{plan.decode_replicas}x{gpu}/tp"
-                                       f"{plan.decode_degree}:decode",
+                  "cluster.instances": instances_spec(deployment, gpu),
                   "instance.chunk_size_tokens": ILP_CHUNK_TOKENS}
         found.append(Candidate(space.name, tuple(values.items()), deployment, "ampd-ilp"))
         known.add(deployment)

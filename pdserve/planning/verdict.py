@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pdserve.cluster.hardware import parse_instances
 from pdserve.config import Config
 from pdserve.planning.candidates import Candidate, Deployment
 from pdserve.planning.fidelity import Fidelity, Trial, TrialResult, WorkloadSamples, run_trial
@@ -206,8 +207,9 @@ def fixed_candidate(base: Config) -> tuple[Candidate, str]:
     name, cluster = base.policy.name, base.cluster
     space = SEARCH_SPACES.get(name)
     tp = base.perf.tp or 1
-    if isinstance(cluster.instances, str):
-        text = f"{cluster.instances} TP{tp}"
+    if isinstance(cluster.instances, str):  # groups name their degree, or take the setup's
+        every_degree = all(g.tp for g in parse_instances(cluster.instances))
+        text = cluster.instances if every_degree else f"{cluster.instances} TP{tp}"
     elif space is not None and space.shape == "colocated":
         text = f"{cluster.instances} x TP{tp}"
     else:

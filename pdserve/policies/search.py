@@ -10,7 +10,9 @@ A space's `shape` says how the GPUs become instances:
   disaggregated   a prefill : decode split (`cluster.prefill`, `cluster.decode`, plus
                   `cluster.reserve` when a knob sets it)
   taichi          TaiChi's sliders R_PD, S_P, S_D (`pdserve.planning.taichi.slider_grid`)
-Every shape tries each tensor-parallel degree the model fits, all GPUs in use. `chunk_sizes`
+Every shape tries each tensor-parallel degree the model fits, all GPUs in use; a
+disaggregated space also gives its prefill and decode pools different degrees, unless it
+says why they must share one (`one_degree`: Arrow's, whose instances flip pools). `chunk_sizes`
 are the per-step token budgets tried (`instance.chunk_size_tokens`); `knobs` the policy's
 own settings, every combination tried; `fixed` what a composition sets.
 """
@@ -47,6 +49,9 @@ class SearchSpace:
     fixed: Mapping[str, Any] = field(default_factory=dict)  # config values it always sets
     sessions_only: bool = False  # meaningful only on multi-round session workloads
     same_as: tuple[str, ...] = ()  # other preset names with exactly this composition
+    # disaggregated: why both pools must take one tensor-parallel degree ("": each pool may
+    # take its own, `pdserve.planning.candidates.mixed_degree_candidates`)
+    one_degree: str = ""
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:

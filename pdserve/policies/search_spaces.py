@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pdserve.policies.ampd.preset import SEARCH_SPACES as AMPD
 from pdserve.policies.ares.preset import SEARCH_SPACES as ARES
+from pdserve.policies.arrow.preset import ONE_DEGREE as ARROW_ONE_DEGREE
 from pdserve.policies.arrow.preset import SEARCH_SPACES as ARROW
 from pdserve.policies.flowkv.preset import SEARCH_SPACES as FLOWKV
 from pdserve.policies.search import CannotCompose, Knob, SearchSpace
@@ -33,13 +34,16 @@ COMPOSITIONS = (
     SearchSpace("arrow+ares", "arrow", "Arrow + ARES", "disaggregated", knobs=(
         Knob("policy.arrow.min_dwell_s", (5.0, 15.0), "as arrow's"),
         Knob("policy.ares.theta", (0.1, 0.2), "as ares's")),
-        chunk_sizes=_DISAGGREGATED_CHUNKS, fixed={"policy.rebalancer": "ares"}),
+        chunk_sizes=_DISAGGREGATED_CHUNKS, fixed={"policy.rebalancer": "ares"},
+        one_degree=ARROW_ONE_DEGREE),
     # Arrow's SLO-aware dispatch (Alg. 1-2) on fixed pools, ARES rebalancing the decodes
     SearchSpace("static-pd+arrow-routers+ares", "static-pd", "Arrow + ARES", "disaggregated",
                 knobs=(Knob("policy.ares.theta", (0.1, 0.2), "as ares's"),),
                 chunk_sizes=_DISAGGREGATED_CHUNKS,
                 fixed={"policy.prefill_router": "arrow", "policy.decode_router": "arrow",
-                       "policy.rebalancer": "ares"}),
+                       "policy.rebalancer": "ares"},
+                one_degree="Arrow's routers price every instance by one predictor and one "
+                           "Max Running Tokens, profiled on the first instance's model"),
     # FlowKV's load-aware scenarios and reserve, ARES moving decodes between its D instances
     SearchSpace("flowkv+ares", "flowkv", "FlowKV + ARES", "disaggregated",
                 knobs=(Knob("cluster.reserve", (0, 1), "as flowkv's"),),

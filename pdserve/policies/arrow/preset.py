@@ -27,11 +27,20 @@ def arrow_context(setup: PolicySetup) -> ArrowContext:
         derive_terms=derive_terms, perf=setup.perf)
 
 
+# why Arrow's pools share one degree in a plan: a flipped instance keeps its degree, so a
+# deployment with a TP-2 prefill pool and a TP-4 decode pool is a real one, but after its
+# first flip each pool mixes degrees, and Arrow's context holds one TTFT predictor and one
+# Max Running Tokens, profiled on one instance's model (`arrow_context`: `setup.perf`, the
+# first group's), which would misprice every instance of the other degree (sec. 4.2 profiles
+# one instance type: the paper's instances are interchangeable)
+ONE_DEGREE = ("Arrow's instances flip pools and keep their degree; its one TTFT predictor "
+              "and one Max Running Tokens (sec. 4.2) price every instance as the first")
+
 # what `pdserve plan` searches (`pdserve.policies.search`): the P:D split Arrow starts from,
 # and how long a flipped instance stays put
 SEARCH_SPACES = (
     SearchSpace("arrow", "arrow", "Arrow", "disaggregated", knobs=(
         Knob("policy.arrow.min_dwell_s", (2.0, 5.0, 15.0),
              "short: pools follow bursts; long: fewer flips that a window's noise causes"),),
-        chunk_sizes=(2048, 8192)),
+        chunk_sizes=(2048, 8192), one_degree=ONE_DEGREE),
 )
