@@ -161,3 +161,30 @@ def test_pdserve_plan_answers_the_mixed_deployment_and_its_config_runs(tmp_path,
     assert data["winner"]["goodput_rps"] > 1.5 * colocated["goodput_rps"]
     assert Config.from_yaml(out / "winner.yaml").cluster.instances == MIXED
     assert main(["simulate", "--config", str(out / "winner.yaml"), "--no-progress"]) == 0
+
+
+def test_rebalancer_and_ampd_price_each_pool_at_its_own_degree():
+    """At a deployment with a degree per pool, ARES's rebalancer prices a decode instance's
+    step (T_exec, Alg. 1 line 20) and AMPD its latencies by that instance's own model, not
+    the prefill pool's."""
+    from pdserve.policies.presets import build_policy
+    from pdserve.sim.hetero import heterogeneous_layout
+    from pdserve.sim.runner import load_perf_model, policy_setup
+
+    spec = "1xh100/tp1:prefill,2xh100/tp2:decode"
+    for name in ("ares", "ampd"):
+        config = Config().with_values({"policy.name": name, "cluster.instances": spec,
+                                       "perf.model": "llama-3.1-8b", "perf.gpu": "h100"})
+        setup = policy_setup(config, load_perf_model(config), heterogeneous_layout(config))
+        policy, count = build_policy(setup)
+        assert count == 3
+        tp1, tp2 = perf_model("llama-3.1-8b", "h100", 1), perf_model("llama-3.1-8b", "h100", 2)
+        if name == "ares":
+            perfs = policy.rebalancer.instance_perfs
+        else:
+            perfs = policy.decode_router.context.perfs
+        decode_step_s = [p.decode.step_s(32, 32_000) for p in perfs]
+        assert decode_step_s[0] == pytest.approx(tp1.decode.step_s(32, 32_000))
+        assert decode_step_s[1] == decode_step_s[2] == pytest.approx(
+            tp2.decode.step_s(32, 32_000))
+        assert decode_step_s[1] < 0.8 * decode_step_s[0]

@@ -100,7 +100,7 @@ def build_policy(setup: PolicySetup) -> tuple[Policy, int]:
     policy, count = _build_preset(section.name, setup)
     rebalancer = section.rebalancer or ARES_PRESETS.get(section.name, "")
     if rebalancer:
-        attach_rebalancer(policy, rebalancer, setup.ares, setup.perf)
+        attach_rebalancer(policy, rebalancer, setup.ares, setup.perf, setup.perfs)
     if isinstance(policy.decode_router, PredictedLoadDecodeRouter):
         _keep_predicted_forecasts(policy, policy.decode_router)
     if section.phase_priority:
@@ -126,7 +126,8 @@ def _build_preset(name: str, setup: PolicySetup) -> tuple[Policy, int]:
         return build_flowkv(setup)
     if name in AMPD_VARIANTS:
         return build_ampd_policy(name, setup.slo, setup.prefill, setup.decode,
-                                 [setup.perf], setup.policy.ampd, setup.seed)[0], \
+                                 setup.perfs or [setup.perf], setup.policy.ampd,
+                                 setup.seed)[0], \
             setup.prefill + setup.decode
     preset = PRESETS[name]
     if name == "taichi":

@@ -15,6 +15,7 @@ with dispatch by predicted load (`dispatch.py`), with or without the rebalancer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from pdserve.perf.fitted import PerfModel
@@ -29,8 +30,9 @@ REBALANCERS = ("ares", "reschedule-current", "none")
 
 
 def attach_rebalancer(policy: Policy, name: str, settings: AresSettings,
-                      perf: PerfModel) -> Policy:
-    """`policy` with its rebalancer replaced by `name` (see REBALANCERS)."""
+                      perf: PerfModel, instance_perfs: Sequence[PerfModel] = ()) -> Policy:
+    """`policy` with its rebalancer replaced by `name` (see REBALANCERS);
+    `instance_perfs`: each instance's model in a heterogeneous cluster."""
     if name not in REBALANCERS:
         raise ValueError(f"unknown rebalancer {name!r}; known: {', '.join(REBALANCERS)}")
     if name == "none":
@@ -41,7 +43,7 @@ def attach_rebalancer(policy: Policy, name: str, settings: AresSettings,
                          f"({type(policy.rebalancer).__name__}); ARES cannot replace it")
     if name == "reschedule-current":
         settings = replace(settings, predictive=False)
-    rebalancer = AresRebalancer(settings, perf)
+    rebalancer = AresRebalancer(settings, perf, instance_perfs)
     policy.rebalancer = rebalancer
     policy.decode_forecast = rebalancer.forecast_settings
     return policy

@@ -20,6 +20,7 @@ which it learns from the scheduler's decode dispatches (`on_decode`), and the fo
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.cluster.actions import Action, Migrate
@@ -49,8 +50,12 @@ class RoundRecord:
 
 
 class AresRebalancer:
-    def __init__(self, settings: AresSettings, perf: PerfModel) -> None:
+    def __init__(self, settings: AresSettings, perf: PerfModel,
+                 instance_perfs: Sequence[PerfModel] = ()) -> None:
+        """`instance_perfs`: each instance's model when the cluster is heterogeneous (a
+        degree per pool): an instance's step time T_exec is priced by its own."""
         self.settings = settings
+        self.instance_perfs = tuple(instance_perfs)
         self.forecast_settings = settings.effective_forecast()
         self.offsets = self.forecast_settings.step_offsets()
         self.weights = self.forecast_settings.weights()
@@ -65,7 +70,7 @@ class AresRebalancer:
         self.records: list[RoundRecord] = []
 
     def use_perf_model(self, perf: PerfModel) -> None:
-        self.perf = perf
+        self.perf, self.instance_perfs = perf, ()
         self._links = None  # priced by the model's transfer cost when there is no topology
 
     # ---- what the scheduler tells it ----
@@ -91,11 +96,11 @@ class AresRebalancer:
             forecast = getattr(load, "decode_forecast", None)
             if forecast is None:
                 continue  # no report yet (a live worker that has not stepped)
+            perf = self.instance_perfs[i] if i < len(self.instance_perfs) else self.perf
             states[i] = InstanceState(
                 i, forecast, load.running_tokens + load.decode_queue_tokens,
                 load.total_blocks * KV_BLOCK_TOKENS,
-                self.perf.decode.step_s(max(1, load.running_decodes),
-                                        max(1, load.running_tokens)))
+                perf.decode.step_s(max(1, load.running_decodes), max(1, load.running_tokens)))
         return states
 
     def link_costs(self, view: ClusterView) -> LinkCosts:
