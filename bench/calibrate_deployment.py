@@ -25,6 +25,11 @@ on one workload, then predict another.
    step log ("own log").
 
     python bench/calibrate_deployment.py --out results/calibrate   # ~25 minutes
+    python bench/calibrate_deployment.py --rescore results/calibrate   # seconds, no live run
+
+`--rescore DIR` refits the models from DIR's recorded calibration logs with the current
+code (`pdserve profile --from-step-log`) and scores them against DIR's recorded live runs
+of B: a change to the fit, measured on the same live data.
 """
 
 from __future__ import annotations
@@ -118,6 +123,32 @@ def workload_b(rate_rps: float, duration_s: float) -> Workload:
                               seed=11).clipped(768, 128)
 
 
+def rescore(out: Path, duration_s: float) -> None:
+    """Refit `out`'s calibration logs with the current code and score the fits against
+    its recorded live runs of B, beside the models the run itself fitted."""
+    report = json.loads((out / "calibrate_deployment.json").read_text())
+    refit: dict[str, Path] = {}
+    for policy in POLICIES:
+        refit[policy] = out / f"refit-{policy}.json"
+        pdserve("profile", "--from-step-log", str(out / f"steps-A-{policy}"), "--out",
+                str(refit[policy]))
+    lines = [f"{'policy':<11}{'load':<7}{'stat':<12}{'live mean':>10}{'recorded fit':>14}"
+             f"{'err':>7}{'refit':>10}{'err':>7}"]
+    for name in ("light", "high"):
+        for policy in POLICIES:
+            workload = workload_b(report["rates_rps"][policy][name], duration_s)
+            recorded = simulate(policy, out / f"calibrated-{policy}.json", workload)
+            new = simulate(policy, refit[policy], workload)
+            runs = [run["live"] for run in report["runs"]
+                    if run["policy"] == policy and run["load"] == name]
+            for stat in STATS:
+                mean = float(np.mean([run[stat] for run in runs]))
+                lines.append(f"{policy:<11}{name:<7}{stat:<12}{mean:>10.4f}"
+                             f"{recorded[stat]:>14.4f}{error_pct(recorded[stat], mean):>6.0f}%"
+                             f"{new[stat]:>10.4f}{error_pct(new[stat], mean):>6.0f}%")
+    print("\n".join(lines), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("results/calibrate"))
@@ -131,7 +162,12 @@ def main() -> None:
     parser.add_argument("--high", type=float, default=0.75, help="the high load's")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds per workload")
+    parser.add_argument("--rescore", type=Path, help="refit DIR's calibration logs and score "
+                        "them against its recorded live runs (no live run)")
     args = parser.parse_args()
+    if args.rescore:
+        rescore(args.rescore, args.duration)
+        return
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

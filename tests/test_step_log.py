@@ -165,3 +165,33 @@ def test_a_run_that_flips_roles_is_fitted_by_the_role_each_batch_ran_in(tmp_path
     (directory / ROLES_FILE).unlink()  # without the role log: by instance, roles mixed
     mixed = fit_step_log_by_role(directory, BASE, prefill_instance=0, decode_instance=1)
     assert mixed.decode.step_s(8, 8 * 400) < 0.9 * fitted.decode.step_s(8, 8 * 400)
+
+
+def test_logged_batch_sizes_are_priced_at_their_measured_mean():
+    """A decode worker whose period jumps between batch sizes (a ramp's log on shared CPU
+    cores: 10.7 ms at B 5-8, 35.9 ms at B 9-15) is not a parabola; the residual table
+    prices every logged size at its mean, linear between sizes seen too rarely, and holds
+    its last entry beyond the largest."""
+    rng = np.random.default_rng(0)
+    rows, means = [], {}
+    for b in range(1, 21):
+        period = 0.002 + 0.001 * b + (0.02 if b >= 9 else 0.0)
+        count = 2 if b == 12 else 12  # B = 12: too few rows to trust
+        noisy = period + rng.normal(0, 0.0005, count)
+        means[b] = float(noisy.mean())
+        rows += [(b, b * 500, 0, 0, float(s)) for s in noisy]
+    rows += [(2, 1000, 256, attn_units(256, 0), 0.02)] * 8  # mixed batches: not in the table
+    _, decode = fit_steps(rows)
+    assert len(decode.size_table_s) == 20
+    for b in (1, 5, 8, 9, 15, 20):
+        assert decode.step_s(b, b * 500) == pytest.approx(means[b], rel=1e-9)
+    between = (decode.step_s(11, 11 * 500) + decode.step_s(13, 13 * 500)) / 2
+    assert decode.step_s(12, 12 * 500) == pytest.approx(between, rel=0.02)  # interpolated
+    without = DecodeCoeffs(decode.intercept_s, decode.per_seq_s, decode.per_context_token_s,
+                           decode.batch1_extra_s, per_seq_squared_s=decode.per_seq_squared_s,
+                           squared_until_batch=decode.squared_until_batch)
+    assert abs(without.step_s(8, 4000) / means[8] - 1) > 0.1  # what the closed form missed
+    assert decode.step_s(30, 15000) - without.step_s(30, 15000) == pytest.approx(
+        decode.size_table_s[-1])  # beyond B = 20: the last residual holds
+    one_size = [(4, 2000, 0, 0, 0.01)] * 10 + [(0, 0, 128, attn_units(128, 0), 0.01)] * 6
+    assert fit_steps(one_size)[1].size_table_s == ()
