@@ -146,12 +146,14 @@ class PredictedLoadDecodeRouter:
             return
         keep = []
         for request in watched:
+            if not (request.finished or request.rejected_reason):
+                keep.append(request)
+                continue
             if request.finished:
                 self.predictor.observe_finished(request)
-            elif not request.rejected_reason:
-                keep.append(request)
+            for sent in self._sent.values():  # an instance no longer a decode candidate
+                sent.pop(request.request_id, None)  # is never pruned in `_residents`
         self._watched = keep
-
 
 
 def peak_tokens(residents: list[RequestForecast], own: RequestForecast) -> float:
