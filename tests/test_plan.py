@@ -92,6 +92,7 @@ def test_candidates_use_every_gpu_at_each_degree_the_model_fits():
         for candidate in enumerate_candidates(space, 8, [1, 2, 4, 8]):
             reserve = candidate.settings.get("cluster.reserve", 0)
             assert candidate.deployment.gpus + reserve * candidate.settings["perf.tp"] == 8
+            assert candidate.gpus == 8  # goodput per GPU counts FlowKV's reserve too
     static = enumerate_candidates(SEARCH_SPACES["static-pd"], 8, [1, 2])
     # 7 + 3 splits, 2 chunk sizes
     assert len(static) == 20

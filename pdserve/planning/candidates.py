@@ -99,6 +99,13 @@ class Candidate:
             return (held[0].count, held[0].tp) if held else (0, 0)
         return int(settings.get("cluster.reserve", 0)), int(settings.get("perf.tp", 0))
 
+    @property
+    def gpus(self) -> int:
+        """The GPUs the candidate takes: its deployment's and its reserve's (FlowKV holds
+        them back, but they are bought all the same: goodput per GPU divides by them)."""
+        count, tp = self.reserve
+        return self.deployment.gpus + count * tp
+
     def describe(self) -> str:
         knobs = " ".join(f"{k.split('.')[-1]}={v}" for k, v in self.knobs.items()
                          if not k.startswith("policy.taichi.chunk"))

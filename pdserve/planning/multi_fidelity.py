@@ -154,7 +154,7 @@ class MultiFidelitySearch:
         confirmed = [r for r in self.records if r.long]
         if not confirmed:
             return []
-        best = max(statistics.fmean(t.goodput_rps for t in r.long) / r.candidate.deployment.gpus
+        best = max(statistics.fmean(t.goodput_rps for t in r.long) / r.candidate.gpus
                    for r in confirmed)
         for key in self._space_bests():
             if not self.records[key].long and self._per_gpu(key) > best:
@@ -164,7 +164,7 @@ class MultiFidelitySearch:
     def _per_gpu(self, key: int) -> float:
         record = self.records[key]
         assert record.short is not None
-        return record.short.goodput_rps / record.candidate.deployment.gpus
+        return record.short.goodput_rps / record.candidate.gpus
 
     # ---- running ----
     def _trial(self, key: int, fidelity: Fidelity, seed: int) -> Trial:

@@ -58,7 +58,7 @@ class PolicyRow:
 
     @property
     def gpus(self) -> int:
-        return self.candidate.deployment.gpus
+        return self.candidate.gpus
 
     @property
     def per_gpu(self) -> Interval:
@@ -156,7 +156,7 @@ def pareto_points(outcome: SearchOutcome) -> list[ParetoPoint]:
         results = record.long or ([record.short] if record.short else [])
         if not results or results[0].goodput_rps <= 0:
             continue
-        gpus = record.candidate.deployment.gpus
+        gpus = record.candidate.gpus
         points.append(ParetoPoint(
             record.candidate.space, record.candidate.describe(),
             statistics.fmean(t.goodput_rps for t in results) / gpus,
