@@ -188,3 +188,14 @@ def test_rebalancer_and_ampd_price_each_pool_at_its_own_degree():
         assert decode_step_s[1] == decode_step_s[2] == pytest.approx(
             tp2.decode.step_s(32, 32_000))
         assert decode_step_s[1] < 0.8 * decode_step_s[0]
+
+
+def test_a_shortlist_slot_goes_to_a_distinct_screen_price_before_a_tie():
+    """4P + 4D TP1 and 4P TP1 + 2D TP2 are one price to the screen (the prefill pool
+    decides): the second slot goes to the next distinct deployment, 5P + 3D TP1."""
+    from pdserve.planning.multi_fidelity import _distinct_prices_first
+
+    price = {1: 172.0, 2: 172.0, 3: 170.0, 4: 150.0, 5: 150.0 * (1 + 1e-12)}
+    groups = [[1, 11], [2], [3], [4], [5]]
+    ordered = _distinct_prices_first(groups, lambda group: price[group[0]])
+    assert ordered == [[1, 11], [3], [4], [2], [5]]

@@ -21,6 +21,7 @@ of the `CandidateRecord`s.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import statistics
 import time
@@ -98,13 +99,19 @@ class MultiFidelitySearch:
 
     def shortlist(self) -> list[int]:
         """Per space: its best deployments by the screen (first knob setting of each), then
-        the other knob settings of the best; interleaved across spaces."""
+        the other knob settings of the best; interleaved across spaces. A deployment the
+        screen prices exactly as a better-placed one goes after every distinct price: the
+        screen cannot tell them apart (they differ in a pool that does not limit the rate:
+        4P + 4D TP1 and 4P TP1 + 2D TP2 both 172 req/s by the screen and 131.4 simulated),
+        so a slot is worth more on the next distinct deployment (5P + 3D TP1, 170 and 170)."""
         lists = []
         for keys in self._spaces().values():
             by_deployment: dict[object, list[int]] = {}
             for key in sorted(keys, key=lambda k: -self.records[k].screen.goodput_rps):
                 by_deployment.setdefault(self.records[key].candidate.deployment, []).append(key)
-            groups = list(by_deployment.values())
+            groups = _distinct_prices_first(
+                list(by_deployment.values()),
+                lambda group: self.records[group[0]].screen.goodput_rps)
             half = (self.budget.shortlist + 1) // 2
             chosen = [group[0] for group in groups[:half]]
             for group in groups:
@@ -243,6 +250,22 @@ class MultiFidelitySearch:
                          f"{long} | {stage}: {running} running, {queued} queued | "
                          f"{time.monotonic() - self._started:.0f}/"
                          f"{self.budget.time_limit_s:.0f}s")
+
+
+def _distinct_prices_first(groups: list[list[int]], price: Callable[[list[int]], float]
+                           ) -> list[list[int]]:
+    """`groups` (best first) with each group priced like an earlier one moved behind
+    every group of a distinct price, in order."""
+    seen: list[float] = []
+    distinct, tied = [], []
+    for group in groups:
+        value = price(group)
+        if any(math.isclose(value, other, rel_tol=1e-9) for other in seen):
+            tied.append(group)
+        else:
+            seen.append(value)
+            distinct.append(group)
+    return distinct + tied
 
 
 def _interleave(lists: list[list[int]]) -> list[int]:
