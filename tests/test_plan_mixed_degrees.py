@@ -195,7 +195,10 @@ def test_a_shortlist_slot_goes_to_a_distinct_screen_price_before_a_tie():
     decides): the second slot goes to the next distinct deployment, 5P + 3D TP1."""
     from pdserve.planning.multi_fidelity import _distinct_prices_first
 
-    price = {1: 172.0, 2: 172.0, 3: 170.0, 4: 150.0, 5: 150.0 * (1 + 1e-12)}
-    groups = [[1, 11], [2], [3], [4], [5]]
+    price = {1: (172.0, (8192, 8192)), 2: (172.0, (8192, 8192)), 6: (172.0, (2048, 2048)),
+             3: (170.0, (2048, 2048)), 4: (150.0, (2048, 2048)),
+             5: (150.0 * (1 + 1e-12), (2048, 2048))}
+    groups = [[1, 11], [2], [6], [3], [4], [5]]
     ordered = _distinct_prices_first(groups, lambda group: price[group[0]])
-    assert ordered == [[1, 11], [3], [4], [2], [5]]
+    # another chunk size at the same price is not a tie: the simulation tells them apart
+    assert ordered == [[1, 11], [6], [3], [4], [2], [5]]

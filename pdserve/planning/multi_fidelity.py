@@ -100,10 +100,13 @@ class MultiFidelitySearch:
     def shortlist(self) -> list[int]:
         """Per space: its best deployments by the screen (first knob setting of each), then
         the other knob settings of the best; interleaved across spaces. A deployment the
-        screen prices exactly as a better-placed one goes after every distinct price: the
-        screen cannot tell them apart (they differ in a pool that does not limit the rate:
-        4P + 4D TP1 and 4P TP1 + 2D TP2 both 172 req/s by the screen and 131.4 simulated),
-        so a slot is worth more on the next distinct deployment (5P + 3D TP1, 170 and 170)."""
+        screen prices exactly as a better-placed one with the same chunk sizes goes after
+        every distinct one: the screen cannot tell them apart (they differ in a pool that
+        does not limit the rate: 4P + 4D TP1 and 4P TP1 + 2D TP2 at chunk 8,192, both 172
+        req/s by the screen and 131.4 simulated), so a slot is worth more on the next
+        distinct deployment (5P + 3D TP1, 170 and 170). Chunk sizes the screen prices alike
+        are not ties: the simulation tells them apart (TaiChi's chat SLO2 static-pd: 33.1
+        req/s at 8,192, 32.6 at 2,048)."""
         lists = []
         for keys in self._spaces().values():
             by_deployment: dict[object, list[int]] = {}
@@ -111,7 +114,8 @@ class MultiFidelitySearch:
                 by_deployment.setdefault(self.records[key].candidate.deployment, []).append(key)
             groups = _distinct_prices_first(
                 list(by_deployment.values()),
-                lambda group: self.records[group[0]].screen.goodput_rps)
+                lambda group: (self.records[group[0]].screen.goodput_rps, tuple(
+                    g.chunk_tokens for g in self.records[group[0]].candidate.deployment.groups)))
             half = (self.budget.shortlist + 1) // 2
             chosen = [group[0] for group in groups[:half]]
             for group in groups:
@@ -252,15 +256,17 @@ class MultiFidelitySearch:
                          f"{self.budget.time_limit_s:.0f}s")
 
 
-def _distinct_prices_first(groups: list[list[int]], price: Callable[[list[int]], float]
+def _distinct_prices_first(groups: list[list[int]],
+                           price: Callable[[list[int]], tuple[float, tuple[int, ...]]]
                            ) -> list[list[int]]:
-    """`groups` (best first) with each group priced like an earlier one moved behind
-    every group of a distinct price, in order."""
-    seen: list[float] = []
+    """`groups` (best first) with each group priced like an earlier one (the same screen
+    goodput and the same chunk sizes) moved behind every distinct group, in order."""
+    seen: list[tuple[float, tuple[int, ...]]] = []
     distinct, tied = [], []
     for group in groups:
         value = price(group)
-        if any(math.isclose(value, other, rel_tol=1e-9) for other in seen):
+        if any(math.isclose(value[0], other[0], rel_tol=1e-9) and value[1] == other[1]
+               for other in seen):
             tied.append(group)
         else:
             seen.append(value)
