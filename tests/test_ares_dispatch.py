@@ -158,12 +158,12 @@ def test_it_needs_predicted_forecasts() -> None:
 
 def test_dispatch_spreads_the_growing_decodes_that_current_load_stacks() -> None:
     """The workload of `test_prediction_moves_the_growing_decodes...`: six requests that are
-    light at dispatch and grow to 30K tokens each. By current load (`vllm`) all six land on
+    light at dispatch and grow to 36K tokens each. By current load (`vllm`) all six land on
     one instance, which runs out of KV and preempts; ARES's rebalancer repairs it with
     migrations. Predicted-length-aware dispatch places them apart in the first place: no
-    preemption and no migration. Measured 2026-11-25 (measured vLLM model, oracle): vllm 8
+    preemption and no migration. Measured 2026-11-25 (measured vLLM model, oracle): vllm 11
     preemptions; vllm + predicted-load 0 preemptions, 0 migrations, the six split 3 / 3;
-    ares 9 migrations; ares + predicted-load 5."""
+    ares 8 migrations; ares + predicted-load 5."""
     workload = hidden_growth_workload()
     config = BASE.with_values({"cluster.decode": 2, "policy.ares.forecast.predictor": "oracle",
                                "perf.backend": ""})

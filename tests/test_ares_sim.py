@@ -63,13 +63,14 @@ def test_reschedule_current_migrates_without_predictions() -> None:
 
 
 LONGS = 6  # requests 1..6
+LONG_OUTPUT = 36_000
 
 
 def hidden_growth_workload() -> Workload:
     """Built so that only a prediction can see where the KV is going, on the paper's 4090D
-    (KV 164,884 tokens per decode instance), 1P2D:
+    (KV 193,076 tokens per decode instance), 1P2D:
     request 0: a 40,000-token prompt with 200 output tokens (heavy now, gone in 4 s);
-    requests 1-6: 200-token prompts with 30,000 output tokens each (light now, 180K tokens
+    requests 1-6: 200-token prompts with 36,000 output tokens each (light now, 217K tokens
     together at the end: more than one instance holds);
     then a stream of 6,000-token prompts with 800 output tokens, 1 per second for 300 s.
     The decode router sees current tokens only, so it puts all six long ones beside the heavy
@@ -80,7 +81,7 @@ def hidden_growth_workload() -> Workload:
     arrival = [0.0] + [0.01 * (i + 1) for i in range(LONGS)] + list(
         1.0 + np.cumsum(rng.exponential(1.0, stream)))
     prompt = [40_000] + [200] * LONGS + [6_000] * stream
-    output = [200] + [30_000] * LONGS + [800] * stream
+    output = [200] + [LONG_OUTPUT] * LONGS + [800] * stream
     return Workload("hidden-growth", np.array(arrival), np.array(prompt, dtype=np.int64),
                     np.array(output, dtype=np.int64))
 
@@ -88,9 +89,10 @@ def hidden_growth_workload() -> Workload:
 def test_prediction_moves_the_growing_decodes_where_current_load_chases_the_short_ones() -> None:
     """ARES (Alg. 1 on predicted load, the oracle standing for a perfect predictor) against the
     same Alg. 1 on current load (`reschedule-current`) in the memory-bound regime. Measured
-    2026-11-24 (measured vLLM model): vllm leaves the six long decodes on one instance and
-    preempts 8 times; both rebalancers avoid every preemption, reschedule-current with 40
-    migrations (34 of them short requests, which finish anyway), ARES with 9 (4 long ones).
+    2026-11-25 (measured vLLM model, memory in GiB): vllm leaves the six long decodes on one
+    instance and preempts 11 times; both rebalancers avoid every preemption,
+    reschedule-current with 33 migrations (28 of them short requests, which finish anyway),
+    ARES with 8 (3 long ones).
     The SLO outcome is the same (attainment 100 % all three): prediction pays in KV moved,
     not in goodput, here as in docs/results/verdicts.md's ARES rows."""
     workload = hidden_growth_workload()

@@ -110,7 +110,7 @@ def test_tensor_parallelism_splits_compute_and_adds_all_reduces():
     gap = tp2.prefill_s(2048) - no_comm.prefill_s(2048)
     assert gap == pytest.approx(2 * spec.layers * tp2.all_reduce_s(2048), rel=1e-3)
     # KV capacity: the TP group's memory after the weights, at 90 % utilisation
-    assert tp2.kv_capacity_tokens == int((2 * 80e9 * 0.9 - spec.weight_bytes)
+    assert tp2.kv_capacity_tokens == int((2 * 80 * 2**30 * 0.9 - spec.weight_bytes)
                                          // spec.kv_bytes_per_token)
     # one vLLM instance over 8 GPUs is a preset-able setup
     tp8 = perf_model("llama-3.1-70b", "h800", 8)

@@ -115,7 +115,7 @@ def test_gpu_groups_give_each_instance_its_own_model_memory_and_node():
     assert l20.decode.step_s(32, 32_000) > h20.decode.step_s(32, 32_000)  # 864 vs 4000 GB/s
     assert layout.topology.nodes == (0, 0, 0, 0, 1, 1, 1, 1)
     assert layout.topology.intra_node[0].bytes_per_s < layout.topology.intra_node[4].bytes_per_s
-    assert gpu_spec("l20").memory_gb == 48 and "L20" in gpu_spec("l20").source
+    assert gpu_spec("l20").memory_bytes == 46068 * 2**20 and "L20" in gpu_spec("l20").source
     with pytest.raises(ValueError, match="reserve instances need policy flowkv"):
         Experiment.from_config(Config().with_values({
             "cluster.instances": "1xl20:prefill,1xh20:decode,1xh20:reserve",

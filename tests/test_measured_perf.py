@@ -186,22 +186,34 @@ def test_host_overhead_is_a_switch_with_the_2023_vllm_figures_kept():
 def test_kv_capacity_follows_each_engines_memory_defaults():
     model, gpu = model_spec("llama-3.1-8b"), gpu_spec("h100")
     vidur = kv_capacity_tokens(model, gpu, 1, VIDUR_MEMORY)
-    assert vidur == int((80e9 * 0.9 - model.weight_bytes) // model.kv_bytes_per_token)
+    assert gpu.memory_bytes == 80 * 2**30  # an "80 GB" H100 holds 80 GiB
+    assert vidur == int((80 * 2**30 * 0.9 - model.weight_bytes) // model.kv_bytes_per_token)
     vllm = engine_memory("vllm@0.24.0", gpu, 1)
     assert vllm.fraction == 0.92 and engine_memory("vllm@0.14.0", gpu, 1).fraction == 0.90
-    expected = (0.92 * 80e9 - model.weight_bytes - 2 * 8192 * 4096 * 11 - 3.5 * 2**30)
+    expected = (0.92 * 80 * 2**30 - model.weight_bytes - 2 * 8192 * 4096 * 11 - 3.5 * 2**30)
     assert kv_capacity_tokens(model, gpu, 1, vllm) == pytest.approx(
         expected / model.kv_bytes_per_token, abs=1)
     trtllm = kv_capacity_tokens(model, gpu, 1, engine_memory("trtllm@1.3.0rc20", gpu, 1))
     sglang = engine_memory("sglang@0.5.14", gpu, 1)
     reserved_mib = 512 + 1.5 * 8192 + 1024 / 8 + 256 * 2  # SGLang's tiers for an 80 GB GPU
-    assert sglang.fraction == pytest.approx(1 - reserved_mib / (80e9 / 2**20), abs=1e-3)
+    assert sglang.fraction == pytest.approx(1 - reserved_mib / (80 * 1024), abs=1e-3)
     assert trtllm < vidur and kv_capacity_tokens(model, gpu, 1, vllm) < vidur
     # the 4090D's 24 GB: activations and runtime memory take a third of ARES's KV
     ares = model_spec("deepseek-r1-distill-qwen-7b-w8a8")
     small = gpu_spec("rtx-4090d")
     assert kv_capacity_tokens(ares, small, 1, engine_memory("vllm@0.24.0", small, 1)) < \
         0.8 * kv_capacity_tokens(ares, small, 1, VIDUR_MEMORY)
+
+
+def test_gpu_memory_is_what_aiconfigurator_measured_the_gpu_with():
+    """Device memory in bytes as the engines see it: AIConfigurator's `mem_capacity` (80 GiB
+    for an "80 GB" H100, nvidia-smi's 46,068 MiB for the "48 GB" L40S), not 1e9 x the
+    datasheet's GB, which left 7 % of every GPU's memory out of the KV cache."""
+    for name in measured_gpus():
+        assert gpu_spec(name).memory_bytes == pytest.approx(
+            shipped_tables(name).meta["memory_gb"] * 1e9, rel=1e-9), name
+    assert gpu_spec("h800").memory_bytes == gpu_spec("h100").memory_bytes
+    assert gpu_spec("l20").memory_bytes == gpu_spec("l40s").memory_bytes
 
 
 def test_w8a8_uses_the_fp8_tables():

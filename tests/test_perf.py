@@ -102,8 +102,9 @@ def test_llama_8b_spec_matches_its_published_size():
 
 def test_roofline_capacity_and_regimes():
     model = roofline("llama-3.1-8b", "h800")
-    # 80 GB * 0.9 - 16 GB of weights, over 128 KiB per token
-    assert model.kv_capacity_tokens == pytest.approx((72e9 - 16.06e9) / 131072, rel=0.01)
+    # 80 GiB * 0.9 - 16 GB of weights, over 128 KiB per token
+    assert model.kv_capacity_tokens == pytest.approx((0.9 * 80 * 2**30 - 16.06e9) / 131072,
+                                                     rel=0.01)
     # decode is memory bound: batch 1 and batch 8 cost about the same
     assert model.decode_step_s(8, 8000) / model.decode_step_s(1, 1000) < 1.1
     # prefill is compute bound: 4x the tokens costs about 4x

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.perf.specs import GpuSpec, ModelSpec
+from pdserve.perf.specs import GIB, MIB, GpuSpec, ModelSpec
 
-GIB = 1 << 30
-MIB = 1 << 20
 VIDUR_UTILISATION = 0.90  # vLLM's gpu_memory_utilization when Vidur profiled it
 RUNTIME_BYTES = int(3.5 * GIB)
 NCCL_BYTES = {1: 0, 2: 358612992, 4: 411041792, 8: 411041792}
@@ -70,8 +68,8 @@ class EngineMemory:
         others = tp * (self.activation_bytes(model, tp) + self.runtime_bytes
                        + (NCCL_BYTES.get(min(tp, 8), 0) if self.nccl else 0))
         if self.of_free:
-            return self.fraction * (tp * gpu.memory_gb * 1e9 - model.weight_bytes - others)
-        budget = tp * gpu.memory_gb * 1e9 * self.fraction - model.weight_bytes
+            return self.fraction * (tp * gpu.memory_bytes - model.weight_bytes - others)
+        budget = tp * gpu.memory_bytes * self.fraction - model.weight_bytes
         return budget if self.weights_only else budget - others
 
 
@@ -82,7 +80,7 @@ VIDUR_MEMORY = EngineMemory("vidur", VIDUR_UTILISATION, activation=None, runtime
 def sglang_mem_fraction_static(gpu: GpuSpec, tp: int) -> float:
     """SGLang's default mem_fraction_static for a GPU's capacity (AIConfigurator's
     `derive_sglang_mem_fraction_static`, mirroring ServerArgs in SGLang 0.5.16)."""
-    capacity_mb = gpu.memory_gb * 1e9 / MIB
+    capacity_mb = gpu.memory_bytes / MIB
     if capacity_mb < 20 * 1024:
         chunk, graph_bs = 2048, 8
     elif capacity_mb < 35 * 1024:
@@ -107,7 +105,7 @@ def engine_memory(backend: str, gpu: GpuSpec, tp: int) -> EngineMemory:
     """The memory defaults of `backend` ("vllm@0.24.0", "sglang@...", "trtllm@...",
     "vidur") on `gpu` at `tp`."""
     engine, _, version = backend.partition("@")
-    large = gpu.memory_gb * 1e9 >= 70 * GIB
+    large = gpu.memory_bytes >= 70 * GIB
     if engine == "vidur":
         return VIDUR_MEMORY
     if engine == "vllm":

@@ -101,7 +101,7 @@ def default_tp(model: str, gpu: str) -> int:
     key = (model.lower(), gpu.lower())
     if key in PAPER_SETUPS:
         return PAPER_SETUPS[key]
-    weights, memory = model_spec(model).weight_bytes, gpu_spec(gpu).memory_gb * 1e9
+    weights, memory = model_spec(model).weight_bytes, gpu_spec(gpu).memory_bytes
     tp = 1
     while weights > 0.6 * tp * memory:
         tp *= 2

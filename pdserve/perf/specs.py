@@ -4,11 +4,17 @@ Model shapes are the `config.json` fields of the public Hugging Face checkpoints
 `source`. GPU figures are vendor datasheet numbers for dense (non-sparse) 16-bit tensor math.
 `link_gb_s` is the one-way bandwidth from one GPU to a peer: datasheets quote NVLink as the
 two-way total (A100 600 GB/s = 300 each way), so the NVLink figures are halved here.
+`memory_bytes` is the capacity engines see, in binary units: an "80 GB" H100 holds 80 GiB
+(85.9e9 bytes), as AIConfigurator's `systems/*.yaml` and Vidur's memory planner count it;
+where AIConfigurator lists what nvidia-smi reports (L40S 46,068 MiB for "48 GB"), that.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+GIB = 1 << 30
+MIB = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +63,9 @@ class GpuSpec:
     name: str
     tflops: float  # dense BF16/FP16 tensor TFLOP/s
     hbm_gb_s: float
-    memory_gb: float
+    memory_bytes: int  # total device memory as the driver reports it (what vLLM's
+    # gpu_memory_utilization multiplies); AIConfigurator's `mem_capacity` where it measured
+    # the GPU
     link_gb_s: float  # one-way GPU-to-peer bandwidth, for TP all-reduce and KV transfer
     interconnect: str = "nvlink"  # "nvlink" or "pcie": picks the fitted link efficiency
     source: str = ""
@@ -109,71 +117,82 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
 ]}
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
-    GpuSpec("h800", tflops=989.4, hbm_gb_s=3350, memory_gb=80, link_gb_s=200,
+    GpuSpec("h800", tflops=989.4, hbm_gb_s=3350, memory_bytes=80 * GIB, link_gb_s=200,
             source="H800 SXM5 has the H100 SXM5 compute and HBM3 (NVIDIA H100 datasheet: "
             "989.4 dense BF16 TFLOP/s, 3.35 TB/s); NVLink 400 GB/s two-way as stated in "
             "Arrow sec. 7.1, 200 GB/s each way. Priced by the H100's kernel tables, its "
-            "links scaled to 200 GB/s", kernel_tables="h100"),
-    GpuSpec("h100", tflops=989.4, hbm_gb_s=3350, memory_gb=80, link_gb_s=450,
+            "links scaled to 200 GB/s; memory 80 GiB, as the H100", kernel_tables="h100"),
+    GpuSpec("h100", tflops=989.4, hbm_gb_s=3350, memory_bytes=80 * GIB, link_gb_s=450,
             source="NVIDIA H100 SXM5 datasheet: 989.4 dense BF16 TFLOP/s, 80 GB HBM3 at "
             "3.35 TB/s, NVLink 900 GB/s two-way, 450 GB/s each way; kernel tables measured "
-            "(AIConfigurator h100_sxm)", int8_tops=1978, kernel_tables="h100"),
-    GpuSpec("a100", tflops=312, hbm_gb_s=2039, memory_gb=80, link_gb_s=300,
+            "(AIConfigurator h100_sxm; its mem_capacity, 80 GiB)", int8_tops=1978,
+            kernel_tables="h100"),
+    GpuSpec("a100", tflops=312, hbm_gb_s=2039, memory_bytes=80 * GIB, link_gb_s=300,
             source="NVIDIA A100 80GB SXM4 datasheet: 312 dense BF16 TFLOP/s, 2,039 GB/s, "
             "NVLink 600 GB/s two-way, 300 GB/s each way. The calibration profiles (Vidur) "
             "are A100 80GB measurements; their network files are from NVLink-bridged pairs; "
-            "kernel tables measured (AIConfigurator a100_sxm)", kernel_tables="a100"),
-    GpuSpec("h20", tflops=148, hbm_gb_s=4000, memory_gb=96, link_gb_s=450,
+            "kernel tables measured (AIConfigurator a100_sxm; its mem_capacity, 80 GiB)",
+            kernel_tables="a100"),
+    GpuSpec("h20", tflops=148, hbm_gb_s=4000, memory_bytes=96 * GIB, link_gb_s=450,
             source="NVIDIA H20 product brief: 148 dense BF16 TFLOP/s, 96 GB HBM3 at 4.0 TB/s, "
             "NVLink 900 GB/s two-way, 450 GB/s each way; 296 dense INT8/FP8 TOP/s. Hopper like "
             "the H100: priced by the H100's kernel tables scaled per bound (compute by "
-            "148/989, memory by 4.0/3.35, links equal)", int8_tops=296, kernel_tables="h100"),
-    GpuSpec("l20", tflops=119.5, hbm_gb_s=864, memory_gb=48, link_gb_s=32,
+            "148/989, memory by 4.0/3.35, links equal); 96 GB counted as 96 GiB, the way "
+            "AIConfigurator counts the H100's 80 GB", int8_tops=296, kernel_tables="h100"),
+    GpuSpec("l20", tflops=119.5, hbm_gb_s=864, memory_bytes=46068 * MIB, link_gb_s=32,
             interconnect="pcie",
             source="NVIDIA L20 product brief: 119.5 dense FP16/BF16 tensor TFLOP/s (239 with "
             "sparsity), 48 GB GDDR6 at 864 GB/s (384-bit at 2.25 GHz), no NVLink, PCIe 4.0 "
             "x16 32 GB/s each way; AD102 with 92 SMs at 2,520 MHz boost, cross-checked on "
             "spec listings (technical.city, topcpu.net): 119.5 = the L40's 181 dense TFLOP/s "
             "scaled by SMs and clock. FlowKV's heterogeneous servers (sec. 4.1). Ada like the "
-            "L40S: priced by the L40S's kernel tables scaled per bound", int8_tops=239,
+            "L40S: priced by the L40S's kernel tables scaled per bound; memory the L40S's "
+            "46,068 MiB (the same 48 GB of GDDR6 with ECC)", int8_tops=239,
             kernel_tables="l40s"),
-    GpuSpec("rtx-4090d", tflops=147.1, hbm_gb_s=1008, memory_gb=24, link_gb_s=32,
+    GpuSpec("rtx-4090d", tflops=147.1, hbm_gb_s=1008, memory_bytes=24564 * MIB, link_gb_s=32,
             interconnect="pcie",
             source="Ada whitepaper: RTX 4090 165.2 dense FP16 tensor TFLOP/s with FP32 "
             "accumulate on 128 SMs; the 4090D has 114 SMs at the same boost clock "
             "(165.2*114/128); 24 GB GDDR6X at 1,008 GB/s; no NVLink, PCIe 4.0 x16 "
-            "32 GB/s each way; dense INT8 660.6 TOP/s on the 4090, 588.3 scaled the same way",
+            "32 GB/s each way; dense INT8 660.6 TOP/s on the 4090, 588.3 scaled the same way; "
+            "memory 24,564 MiB, what nvidia-smi reports for the 24 GB RTX 4090 and 4090D",
             int8_tops=588.3, kernel_tables="l40s"),
     # measured by AIConfigurator 0.12.0 (its systems/<name>.yaml datasheet figures)
-    GpuSpec("h200", tflops=989, hbm_gb_s=4800, memory_gb=141, link_gb_s=450,
+    GpuSpec("h200", tflops=989, hbm_gb_s=4800, memory_bytes=141 * GIB, link_gb_s=450,
             source="NVIDIA H200 SXM datasheet: 989 dense BF16 TFLOP/s, 141 GB HBM3e at "
-            "4.8 TB/s, NVLink 900 GB/s two-way; kernel tables measured (h200_sxm)",
+            "4.8 TB/s (141 GiB, AIConfigurator's mem_capacity), NVLink 900 GB/s two-way; "
+            "kernel tables measured (h200_sxm)",
             int8_tops=1978, kernel_tables="h200"),
-    GpuSpec("b200", tflops=2250, hbm_gb_s=7700, memory_gb=180, link_gb_s=900,
+    GpuSpec("b200", tflops=2250, hbm_gb_s=7700, memory_bytes=180 * GIB, link_gb_s=900,
             source="NVIDIA B200 (HGX) datasheet: 2,250 dense BF16 TFLOP/s, 180 GB HBM3e at "
-            "7.7 TB/s, NVLink 5 1.8 TB/s two-way; kernel tables measured (b200_sxm)",
+            "7.7 TB/s (180 GiB, AIConfigurator's mem_capacity), NVLink 5 1.8 TB/s two-way; "
+            "kernel tables measured (b200_sxm)",
             int8_tops=4500, kernel_tables="b200"),
-    GpuSpec("b300", tflops=2250, hbm_gb_s=7750, memory_gb=288, link_gb_s=900,
+    GpuSpec("b300", tflops=2250, hbm_gb_s=7750, memory_bytes=275040 * MIB, link_gb_s=900,
             source="NVIDIA B300 (HGX) as AIConfigurator lists it: 2,250 dense BF16 TFLOP/s, "
-            "288 GB HBM3e at 7.75 TB/s, NVLink 5; kernel tables measured (b300_sxm)",
+            "288 GB HBM3e at 7.75 TB/s (275,040 MiB as nvidia-smi reports), NVLink 5; kernel "
+            "tables measured (b300_sxm)",
             int8_tops=4500, kernel_tables="b300"),
-    GpuSpec("gb200", tflops=2500, hbm_gb_s=8000, memory_gb=186, link_gb_s=900,
+    GpuSpec("gb200", tflops=2500, hbm_gb_s=8000, memory_bytes=189471 * MIB, link_gb_s=900,
             source="NVIDIA GB200 NVL72, per GPU: 2,500 dense BF16 TFLOP/s, 186 GB HBM3e at "
-            "8 TB/s, NVLink 5; kernel tables measured (gb200)", int8_tops=5000,
+            "8 TB/s (189,471 MiB as nvidia-smi reports), NVLink 5; kernel tables measured "
+            "(gb200)", int8_tops=5000,
             kernel_tables="gb200"),
-    GpuSpec("gb300", tflops=2500, hbm_gb_s=8000, memory_gb=279, link_gb_s=900,
+    GpuSpec("gb300", tflops=2500, hbm_gb_s=8000, memory_bytes=284208 * MIB, link_gb_s=900,
             source="NVIDIA GB300 NVL72, per GPU: 2,500 dense BF16 TFLOP/s, 279 GB HBM3e at "
-            "8 TB/s, NVLink 5; kernel tables measured (gb300)", int8_tops=5000,
+            "8 TB/s (284,208 MiB as nvidia-smi reports), NVLink 5; kernel tables measured "
+            "(gb300)", int8_tops=5000,
             kernel_tables="gb300"),
-    GpuSpec("l40s", tflops=362.05, hbm_gb_s=864, memory_gb=46, link_gb_s=32,
+    GpuSpec("l40s", tflops=362.05, hbm_gb_s=864, memory_bytes=46068 * MIB, link_gb_s=32,
             interconnect="pcie",
-            source="NVIDIA L40S datasheet: 362 dense BF16 TFLOP/s, 48 GB GDDR6 (46 GiB usable "
-            "as nvidia-smi reports) at 864 GB/s, no NVLink, PCIe 4.0 x16; kernel tables "
+            source="NVIDIA L40S datasheet: 362 dense BF16 TFLOP/s, 48 GB GDDR6 (46,068 MiB as "
+            "nvidia-smi reports) at 864 GB/s, no NVLink, PCIe 4.0 x16; kernel tables "
             "measured (l40s)", int8_tops=733, kernel_tables="l40s"),
-    GpuSpec("rtx-pro-6000", tflops=467.8, hbm_gb_s=1792, memory_gb=96, link_gb_s=64,
+    GpuSpec("rtx-pro-6000", tflops=467.8, hbm_gb_s=1792, memory_bytes=97887 * MIB, link_gb_s=64,
             interconnect="pcie",
             source="NVIDIA RTX PRO 6000 Blackwell Server Edition: 467.8 dense BF16 TFLOP/s "
-            "at 2,430 MHz, 96 GB GDDR7 at 1.79 TB/s, PCIe 5.0 x16; kernel tables measured "
+            "at 2,430 MHz, 96 GB GDDR7 (97,887 MiB as nvidia-smi reports) at 1.79 TB/s, PCIe "
+            "5.0 x16; kernel tables measured "
             "(rtx_pro_6000_server)", int8_tops=935.6, kernel_tables="rtx-pro-6000"),
 ]}
 
