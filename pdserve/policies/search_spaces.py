@@ -51,6 +51,17 @@ COMPOSITIONS = (
     # AMPD's session binding and reordering with ARES's rebalancer
     SearchSpace("ampd+ares", "ampd", "AMPD + ARES", "disaggregated",
                 chunk_sizes=_DISAGGREGATED_CHUNKS, fixed={"policy.rebalancer": "ares"}),
+    # fixed pools whose decode router places each prefilled request by its predicted KV
+    # peak (ARES sec. 3's motivation; the rule is pdserve's, `policies/ares/dispatch.py`),
+    # with the workers' `history` predictor, as a server runs it
+    SearchSpace("static-pd+predicted-dispatch", "static-pd", "ARES sec. 3 (pdserve's rule)",
+                "disaggregated", chunk_sizes=_DISAGGREGATED_CHUNKS,
+                fixed={"policy.decode_router": "predicted-load"}),
+    # the same dispatch under ARES's rebalancer: fewer imbalances for Alg. 1 to repair
+    SearchSpace("ares+predicted-dispatch", "ares", "ARES", "disaggregated",
+                knobs=(Knob("policy.ares.theta", (0.1, 0.2), "as ares's"),),
+                chunk_sizes=_DISAGGREGATED_CHUNKS,
+                fixed={"policy.decode_router": "predicted-load"}),
 )
 
 SEARCH_SPACES: dict[str, SearchSpace] = {
