@@ -233,3 +233,24 @@ def test_ares_decode_step_at_half_kv_is_near_its_18_ms():
     runtime = perf_model("deepseek-r1-distill-qwen-7b-w8a8", "rtx-4090d", 1, "vllm")
     step_s = runtime.decode.step_s(16, runtime.kv_capacity_tokens // 2)
     assert step_s == pytest.approx(18.23e-3, rel=0.15)
+
+
+def test_decode_attention_never_reads_kv_faster_than_hbm():
+    """The L40S's generation-attention rows re-run one layer's KV, which stays in its 96 MB
+    L2: at 16 x 1,023 tokens (64 MiB of KV) the row reads at 2.4x the 864 GB/s HBM peak. In
+    a forward pass that KV comes from HBM, so the operator takes the HBM time; the H100's
+    rows, slower than its HBM, stand as measured."""
+    tokens = 16 * 1023
+    kv_bytes = tokens * 2 * 8 * 128 * 2
+
+    def raw_row(gpu: str) -> float:
+        generation = shipped_tables(gpu).backends["vllm@0.24.0"].generation
+        return generation.grids[generation.pairs.index((32, 8))].at((16, 1023))
+
+    l40s_hbm_s = kv_bytes / (gpu_spec("l40s").hbm_gb_s * 1e9)
+    assert raw_row("l40s") < 0.5 * l40s_hbm_s
+    assert measured_operators("l40s", "vllm").decode_attention_s(16, tokens, 32, 8) == \
+        pytest.approx(l40s_hbm_s, rel=1e-9)
+    assert raw_row("h100") > kv_bytes / (gpu_spec("h100").hbm_gb_s * 1e9)
+    assert measured_operators("h100", "vllm").decode_attention_s(16, tokens, 32, 8) == \
+        pytest.approx(raw_row("h100"), rel=1e-6)

@@ -19,7 +19,14 @@ shape gets its own mix of the two bounds), and how a link's bandwidth term scale
   prefill attention  per (query heads, KV heads) pair per GPU, one sequence of `length` new
                      tokens; a chunk after `prior` cached tokens costs its share of the causal
                      work of `prior + new` tokens, at least a fresh chunk's time
-  decode attention   per pair, `batch` sequences of `length` cached tokens (their mean)
+  decode attention   per pair, `batch` sequences of `length` cached tokens (their mean); never
+                     faster than reading the layer's KV from HBM at the datasheet bandwidth.
+                     The floor matters on GPUs with a large L2 (L40S 96 MB, RTX PRO 6000
+                     128 MB): their tables re-run one layer's KV cache, which stays in L2,
+                     and 24 % (L40S) and 13 % (RTX PRO 6000) of their rows over 8 MB of KV
+                     read it faster than HBM can deliver (up to 2.8x the L40S's 864 GB/s,
+                     up to 67 MB); in a forward pass every other layer's weights and KV pass
+                     through L2 between two reads of one layer's KV, so it is read from HBM
   head layouts       between measured query-head counts log-interpolated; the nearest
                      measured KV-head count; another head dim scaled by the curves
   all-reduce         the engine's custom all-reduce under CUDA graphs or NCCL's, whichever is
@@ -44,6 +51,7 @@ from pdserve.perf.specs import GpuSpec, gpu_spec
 
 ELEMENTWISE_BANDWIDTH_SHARE = 0.8  # AIConfigurator's ElementWise(..., 0.8)
 ELEMENTWISE_LATENCY_S = 3e-6  # its mem_empirical_constant_latency
+KV_DTYPE_BYTES = 2  # the tables' KV cache (16-bit), as pdserve's models store it
 
 
 def eight_bit(gpu: GpuSpec) -> GpuSpec:
@@ -122,7 +130,8 @@ class MeasuredOperators:
             measured = curve.time_s(point[0], point[0] * point[1],
                                     2 * kv * PROFILED_HEAD_DIM * 2, self.measured_gpu)
             log_time += weight * np.log(grid.at(point) * float(query / measured))
-        return float(np.exp(log_time))
+        kv_bytes = context_tokens * 2 * kv_heads * head_dim * KV_DTYPE_BYTES
+        return max(float(np.exp(log_time)), kv_bytes / (self.gpu.hbm_gb_s * 1e9))
 
     # ---- links ----
     def _link_s(self, grid: LogGrid, coords: tuple[float, ...], curve_s) -> float:
