@@ -202,3 +202,19 @@ def test_a_shortlist_slot_goes_to_a_distinct_screen_price_before_a_tie():
     ordered = _distinct_prices_first(groups, lambda group: price[group[0]])
     # another chunk size at the same price is not a tie: the simulation tells them apart
     assert ordered == [[1, 11], [6], [3], [4], [2], [5]]
+
+
+def test_pdserve_plan_of_a_model_that_needs_tensor_parallelism_answers(tmp_path, capsys):
+    """Llama-3.1-70B does not fit one H100: the plan prices it at the degrees it fits (its
+    "priced by" line at TP 4, the preset's default) instead of failing at TP 1, as it did
+    until 2026-11-25 ("kv_capacity_tokens must be positive")."""
+    code = main(["plan", "--policy", "static-pd,colocated", "--gpus", "8", "--gpu", "h100",
+                 "--model", "llama-3.1-70b", "--trace", "synthetic", "--synthetic-lengths",
+                 "fixed:1000:100", "--synthetic-requests", "200", "--ttft-slo", "4",
+                 "--tpot-slo", "0.15", "--time-limit", "60", "--jobs", "2", "--seeds", "1",
+                 "--verify", "1", "--shortlist", "1", "--no-progress",
+                 "--out", str(tmp_path / "plan")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "priced by llama-3.1-70b@h100x4" in printed
+    assert "winner:" in printed and " TP1" not in printed.split("winner:")[1].splitlines()[0]

@@ -25,6 +25,7 @@ from pathlib import Path
 from pdserve.config import Config
 from pdserve.config_flags import config_from_args
 from pdserve.perf.fitted import PerfModel
+from pdserve.perf.presets import default_tp
 from pdserve.planning.candidates import (
     Candidate,
     enumerate_candidates,
@@ -135,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
           f"{base.slo.tpot_s:g}s, goodput at {base.goodput.target:.0%} attainment); policy "
           f"{args.policy}, {budget.jobs} processes, at most {args.time_limit:g}s",
           flush=True)
-    print(f"priced by {perf_by_degree(base)(base.perf.tp or 1).name}", flush=True)
+    tp = base.perf.tp or default_tp(base.perf.model, base.perf.gpu)  # one the model fits
+    print(f"priced by {perf_by_degree(base)(tp).name}", flush=True)
     progress = ProgressLine(enabled=not args.no_progress)
     outcome, evaluated = search(
         base, args.policy, gpus,
