@@ -214,6 +214,8 @@ def test_plan_writes_its_json_record_and_a_config_that_simulate_runs(tmp_path, c
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "winner: static-pd" in printed and "screen error" in printed
+    # 300 requests are fewer than a confirmation wants (>= 1,000): said, and kept
+    assert "note: the synthetic workload holds 300 requests" in printed
     data = json.loads(record.read_text())
     assert set(data) == {"configurations_evaluated", "wall_s", "winner", "policies"}
     assert data["configurations_evaluated"] == 2 + 5  # 1P1D x 2 chunks; 2 colocated x 5
@@ -234,6 +236,7 @@ def test_plan_writes_its_json_record_and_a_config_that_simulate_runs(tmp_path, c
         assert shown in page
     config = Config.from_yaml(out / "winner.yaml")
     assert config.policy.name == "static-pd" and config.goodput.search
+    assert config.workload.synthetic_requests == 300
     assert (config.cluster.prefill, config.cluster.decode, config.perf.tp) == (1, 1, 1)
     assert yaml.safe_load((out / "winner.yaml").read_text())["slo"]["tpot_s"] == 0.009
     assert main(["simulate", "--config", str(out / "winner.yaml"), "--no-progress"]) == 0
@@ -265,3 +268,35 @@ def test_confirmations_prefer_distinct_deployments_and_challengers_follow():
     for seed in (0, 1):
         search._store(result(1, "long", 5.5, seed))
     assert search.challengers() == []
+
+
+def test_a_synthetic_workload_is_drawn_as_long_as_the_runs_need_unless_capped(tmp_path):
+    """A synthetic workload is lengths and a rate: without --synthetic-requests the planner
+    draws what each run needs (a capped one measures a burst: 128/1024 tokens held 341 req/s
+    on 4,000 requests where 80 s of arrivals at that rate attain 13 %); a count given on the
+    command line or in --config stays a cap; a trace is left alone."""
+    import argparse
+
+    from pdserve.planning.planner import (
+        SYNTHETIC_DRAW_MAX,
+        confirmation_requests,
+        uncapped_synthetic,
+    )
+
+    synthetic = Config().with_values({"workload.trace": "synthetic",
+                                      "workload.synthetic_lengths": "fixed:128:1024"})
+    plain = argparse.Namespace()
+    assert uncapped_synthetic(synthetic, plain).workload.synthetic_requests == \
+        SYNTHETIC_DRAW_MAX
+    given = argparse.Namespace(**{"workload.synthetic_requests": 300})
+    assert uncapped_synthetic(synthetic.with_values(
+        {"workload.synthetic_requests": 300}), given).workload.synthetic_requests == 300
+    path = tmp_path / "c.yaml"
+    path.write_text("workload:\n  synthetic_requests: 500\n")
+    from_file = argparse.Namespace(config=path)
+    assert uncapped_synthetic(synthetic, from_file).workload.synthetic_requests == 1000
+    trace = Config().with_values({"workload.trace": "azure-conv"})
+    assert uncapped_synthetic(trace, plain) == trace and confirmation_requests(trace, 10) is None
+    # 80 s of arrivals, at least 2 lifetimes (1,024 tokens x 30 ms), rounded to 2^(k/4)
+    wanted = confirmation_requests(synthetic.with_values({"slo.tpot_s": 0.03}), 100.0)
+    assert 8000 * 0.85 <= wanted <= 8000 * 1.2

@@ -94,7 +94,8 @@ def plan_json(evaluated: int, wall_s: float, rows: list[PolicyRow],
 
 def winner_config(base: Config, candidate: Candidate) -> Config:
     """The plan's config with the winner's values and the goodput search on: `pdserve
-    simulate --config` reproduces the search on the whole workload."""
+    simulate --config` reproduces the search on the plan's workload (the planner sizes a
+    synthetic one as its confirmation runs: `planner.confirmation_requests`)."""
     return candidate.config(base).with_values({"goodput.search": True})
 
 
