@@ -81,13 +81,19 @@ class TrialResult:
     error: str = ""  # why the trial could not run (its goodput is then 0)
 
 
+def request_lifetime_s(workload: Workload, tpot_slo_s: float) -> float:
+    """How long a request holds its decode slot at the TPOT SLO: mean output tokens x TPOT
+    (a fidelity's runs last at least a number of these)."""
+    return float(workload.output_tokens.mean()) * tpot_slo_s
+
+
 class WorkloadSamples:
     """The base config's workload and its samples by (fidelity, seed); one per process."""
 
     def __init__(self, base: Config, seeds: int) -> None:
         self.base, self.seeds = base, seeds
         self.full = load_workload(base)
-        self.lifetime_s = float(self.full.output_tokens.mean()) * base.slo.tpot_s
+        self.lifetime_s = request_lifetime_s(self.full, base.slo.tpot_s)
         self._cache: dict[tuple[str, int, int], Workload] = {}
 
     def values(self, fidelity: Fidelity, seed: int, count: int) -> dict[str, Any]:

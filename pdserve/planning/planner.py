@@ -32,7 +32,7 @@ from pdserve.planning.candidates import (
     feasible_degrees,
     mixed_degree_candidates,
 )
-from pdserve.planning.fidelity import Fidelity
+from pdserve.planning.fidelity import Fidelity, request_lifetime_s
 from pdserve.planning.multi_fidelity import MultiFidelitySearch, SearchBudget, SearchOutcome
 from pdserve.planning.outcome import (
     pareto_points,
@@ -99,9 +99,7 @@ def confirmation_requests(base: Config, goodput_rps: float) -> int | None:
     (None for traces, replayed whole, and sessions, which keep their count)."""
     if base.workload.trace != "synthetic":
         return None
-    lifetime_s = float(load_workload(base.with_values(
-        {"workload.synthetic_requests": 1000})).output_tokens.mean()) * base.slo.tpot_s
-    return LONG.requests(goodput_rps, lifetime_s)
+    return LONG.requests(goodput_rps, request_lifetime_s(load_workload(base), base.slo.tpot_s))
 
 
 def perf_by_degree(base: Config) -> Callable[[int], PerfModel]:
