@@ -83,3 +83,21 @@ def test_served_1p1d_on_one_gpu_gives_the_single_engine_text(tmp_path):
             "model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0})
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["text"] == reference.text_of(0)
+
+
+def test_sampling_on_the_gpu_draws_what_the_host_draws():
+    """Issue 29 part 1: the sampler runs where the logits are; on the GPU every kind of row
+    (greedy, seeded with each filter, penalties, bias, min_tokens) draws the host's token."""
+    from test_device_sampling import mixed_rows
+
+    from pdserve.engine.sampling import sample_batch, token_logprobs
+
+    torch.manual_seed(0)
+    logits = torch.randn(len(mixed_rows()), 1000) * 3
+    on_host = sample_batch(logits, mixed_rows(), eos_token_ids=(0,))
+    assert sample_batch(logits.cuda(), mixed_rows(), eos_token_ids=(0,)) == on_host
+    host_lp = token_logprobs(logits, on_host, [5] * len(on_host))
+    gpu_lp = token_logprobs(logits.cuda(), on_host, [5] * len(on_host))
+    for a, b in zip(host_lp, gpu_lp, strict=True):
+        assert abs(a.logprob - b.logprob) < 1e-4
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]

@@ -8,12 +8,13 @@ work of a few milliseconds: the host issuing ~35 kernels per layer was the step.
 A decode-only batch (no prefill chunk, no prompt-logprob rows) is padded to a bucket:
 `batch_bucket` sequences (powers of two) by `width_bucket` blocks of context (powers of two,
 at least `MIN_WIDTH_BLOCKS`). Each bucket's forward is captured once, on first use, into a
-graph over static input buffers; a step copies its inputs into them and replays. Padding
+graph over static input buffers; a step copies its inputs into them, replays, and copies the
+outputs out (they stay on the device: the engine samples there). Padding
 rows decode token 0 at position 0 and write their K/V into a scratch block the engine
 keeps out of its allocator (the pool's last block), so they never touch a sequence's KV;
 padding columns of the block table point at block 0 and are masked by context length, as
 in the eager path. Graphs share one memory pool (they replay one at a time, and each
-step's outputs are copied to the host before the next). A bucket whose gathered context
+step's outputs are copied out before the next). A bucket whose gathered context
 would exceed `MAX_GATHER_TOKENS` runs eagerly.
 
 `capture=False` runs the same padded static forward eagerly: on the CPU this exercises the
@@ -92,7 +93,9 @@ class DecodeGraphs:
             self.replays_total += 1
             assert captured.logits is not None and captured.hidden is not None
             logits, hidden = captured.logits, captured.hidden
-        return logits[:decodes], hidden[:decodes]
+        # copies: the graph's outputs are overwritten by its next replay, and the step's
+        # outputs (sampled on the device) may outlive it
+        return logits[:decodes].clone(), hidden[:decodes].clone()
 
     def _reset(self, static: ForwardBatch) -> None:
         """Every row a padding row: token 0 at position 0, written to the scratch block."""

@@ -5,8 +5,9 @@ their dtype.
 that supports it (float16 otherwise) and float32 on the CPU, whose engine matches Hugging
 Face's float32 numerics. Any dtype runs on the CPU too, which is how the reduced-precision
 path is tested without a GPU. Several workers may share one GPU: each caps its allocator at
-`memory_fraction` of the GPU's memory (`limit_memory`). Sampling always runs on float32
-logits on the host (`Engine.run`), so a seeded draw does not depend on the device.
+`memory_fraction` of the GPU's memory (`limit_memory`). Sampling runs on float32 logits on
+the engine's device (`Engine.run`, `sampling.py`); a seeded draw is a pure function of
+(seed, position, logits) on a given device.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ With `hidden_state_every_tokens=k` the engine also keeps that hidden state whene
 sequence's output count reaches a multiple of k, for the length predictor
 (`take_hidden_states`, `hidden_capture.py`).
 
+Sampling runs on the engine's device, on float32 logits (`sampling.py`): a step reads back
+the sampled ids and the logprobs asked for, not the logits. A `TokenOutput`'s logits and
+hidden state stay on the device (views of the step's outputs) until someone asks for them.
 Sampling is a pure function of (seed or request id, output index, logits) (`sampling.py`),
 so a sequence resumed from tokens already generated (`add(..., resume_ids)`) or adopted
 from another instance continues exactly as it would have in place; its constraint matcher
@@ -355,12 +358,13 @@ class Engine:
         if prompt_rows:
             batch.extra_rows = torch.tensor([row for _, row, _ in prompt_rows])
         if self.decode_graphs is not None and self.decode_graphs.fits(batch):
-            logits, hidden = self.decode_graphs.run(batch)
+            logits, hidden = self.decode_graphs.run(batch)  # fresh copies of the graph's
         else:
             if not self.where.on_cpu:
                 batch = on_device(batch, self.where.torch_device)
             logits, hidden = self.model(batch, self.pool)
-        logits, hidden = logits.float().cpu(), hidden.float().cpu()  # sampled on the host
+        # sampled where they are (`sampling.py`): only the ids and asked logprobs come back
+        logits, hidden = logits.float(), hidden.float()
         if prompt_rows:
             record_prompt_logprobs(prompt_rows, logits[len(work):])
         done = []

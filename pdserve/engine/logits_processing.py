@@ -10,7 +10,8 @@ and, with `ignore_eos`, EOS are masked only while the constraint allows some oth
 (where it allows nothing else, the output must end there).
 
 All are scatters over the batch's (row, token) occurrences: no Python loop over the
-vocabulary and no [rows, vocabulary] tensor besides the one copy of the logits.
+vocabulary and no [rows, vocabulary] tensor besides the one copy of the logits. They run
+where the logits are: the occurrences are gathered on the host and sent once.
 
 Output tokens are `token_ids[prompt_tokens:]`, so tokens resumed after a failover count.
 Token ids outside the vocabulary are ignored (the server refuses them first).
@@ -58,23 +59,27 @@ def process_logits(logits: torch.Tensor, rows: Sequence[SamplingState],
     if not (biased or penalized or no_stop or constrained):
         return None
     scores = logits.to(torch.float32, copy=True)
-    vocab = scores.shape[1]
+    vocab, device = scores.shape[1], scores.device
     if biased:
         entries = [(i, token, bias) for i in biased
                    for token, bias in rows[i].params.logit_bias if 0 <= token < vocab]
         if entries:
             at_rows, at_tokens, values = zip(*entries, strict=True)
-            scores.index_put_((torch.tensor(at_rows), torch.tensor(at_tokens)),
-                              torch.tensor(values, dtype=torch.float32), accumulate=True)
+            scores.index_put_((torch.tensor(at_rows, device=device),
+                               torch.tensor(at_tokens, device=device)),
+                              torch.tensor(values, dtype=torch.float32, device=device),
+                              accumulate=True)
     if penalized:
+        occurrences = _occurrences([rows[i] for i in penalized], vocab)
         _penalize(scores, penalized, [rows[i].params for i in penalized],
-                  *_occurrences([rows[i] for i in penalized], vocab))
+                  *(tensor.to(device) for tensor in occurrences))
     if no_stop:
         entries = [(i, token) for i in no_stop
                    for token in _suppressed_stops(rows[i], eos_token_ids) if 0 <= token < vocab]
         if entries:
             at_rows, at_tokens = zip(*entries, strict=True)
-            scores[torch.tensor(at_rows), torch.tensor(at_tokens)] = -math.inf
+            scores[torch.tensor(at_rows, device=device),
+                   torch.tensor(at_tokens, device=device)] = -math.inf
     for i in constrained:
         _constrain(scores[i], rows[i], eos_token_ids)
     return scores
@@ -86,7 +91,7 @@ def _constrain(row_scores: torch.Tensor, row: SamplingState,
     constraint = _constraint(row)
     assert constraint is not None
     vocab = row_scores.shape[0]
-    allowed = constraint.allowed_tokens(vocab)
+    allowed = constraint.allowed_tokens(vocab)  # on the host: the matcher's mask
     unwanted = set(_suppressed_stops(row, eos_token_ids))
     if row.params.ignore_eos:
         unwanted.update(eos_token_ids)
@@ -96,7 +101,7 @@ def _constrain(row_scores: torch.Tensor, row: SamplingState,
         without[unwanted_ids] = False
         if bool(without.any()):
             allowed = without
-    row_scores.masked_fill_(~allowed, -math.inf)
+    row_scores.masked_fill_(~allowed.to(row_scores.device, non_blocking=True), -math.inf)
 
 
 def _penalize(scores: torch.Tensor, batch_rows: list[int], params: list[SamplingParams],
@@ -104,17 +109,17 @@ def _penalize(scores: torch.Tensor, batch_rows: list[int], params: list[Sampling
     """Repetition, then presence and frequency penalties (neutral values where a row has
     only some of them) at the (row, token) occurrences given (`at_rows` index
     `batch_rows`)."""
-    vocab = scores.shape[1]
-    to_batch = torch.tensor(batch_rows)
-    repetition = torch.tensor([p.repetition_penalty for p in params])
+    vocab, device = scores.shape[1], scores.device
+    to_batch = torch.tensor(batch_rows, device=device)
+    repetition = torch.tensor([p.repetition_penalty for p in params], device=device)
     pairs = torch.unique(at_rows * vocab + at_tokens)  # each seen (row, token) once
     rows_seen, tokens_seen = pairs // vocab, pairs % vocab
     current = scores[to_batch[rows_seen], tokens_seen]
     penalty = repetition[rows_seen]
     scores[to_batch[rows_seen], tokens_seen] = torch.where(current > 0, current / penalty,
                                                            current * penalty)
-    frequency = torch.tensor([p.frequency_penalty for p in params])
-    presence = torch.tensor([p.presence_penalty for p in params])
+    frequency = torch.tensor([p.frequency_penalty for p in params], device=device)
+    presence = torch.tensor([p.presence_penalty for p in params], device=device)
     out_rows, out_tokens = at_rows[in_output], at_tokens[in_output]
     scores.index_put_((to_batch[out_rows], out_tokens), -frequency[out_rows],
                       accumulate=True)  # summed over occurrences: count * penalty

@@ -3,11 +3,15 @@
 One call samples the next token of every sequence in a batch from its logits row:
 logit bias, OpenAI presence/frequency penalties (over the output so far), the HF/vLLM
 repetition penalty (over prompt and output), min_tokens' stop-token suppression and a
-structured-output constraint's mask change the logits (`logits_processing.py`, on the
-host-side float32 logits, so the CPU and GPU engines mask alike); then greedy rows take the
-argmax and the others are sampled with temperature, top-k, top-p and min-p (over the tokens
-the constraint allows: the others have probability 0). A batch of plain greedy rows is one
-argmax.
+structured-output constraint's mask change the logits (`logits_processing.py`); then greedy
+rows take the argmax and the others are sampled with temperature, top-k, top-p and min-p
+(over the tokens the constraint allows: the others have probability 0). A batch of plain
+greedy rows is one argmax.
+
+Everything runs where the logits are (a GPU engine's stay on the GPU, float32): the host
+sends what is per row (temperatures, seeds' uniform numbers, penalty occurrences, a
+constraint's mask) and reads back only the sampled ids and the logprobs asked for, never a
+[rows, vocabulary] tensor (`tests/test_device_sampling.py` holds it to that).
 
 Logprobs (`token_logprobs`) are always those of the raw model distribution, before any of
 these changes: for a request with a structured-output constraint too, so a constrained
@@ -15,10 +19,10 @@ token's logprob says how likely the model found it unconstrained (vLLM reports t
 processed distribution instead; pdserve reports the raw one for every request alike).
 
 Seeded draws are a pure function of (seed, or the request id without one; the index of the
-output token; the logits): the draw's uniform number comes from a hash of the first two and
-picks the token by inverse CDF. A re-run that resumes from tokens already generated
-therefore draws exactly what an uninterrupted run would, and a sequence moved to another
-instance needs no generator state.
+output token; the logits), on a given device: the draw's uniform number comes from a hash of
+the first two (on the host) and picks the token by inverse CDF. A re-run that resumes from
+tokens already generated therefore draws exactly what an uninterrupted run would, and a
+sequence moved to another instance needs no generator state.
 
 A row whose distribution is unusable (NaN or infinite logits, no probability mass left
 after filtering) falls back to greedy for that row and is logged; it never raises.
@@ -98,15 +102,16 @@ def _greedy(scores: torch.Tensor, rows: Sequence[SamplingState], indices: Sequen
     picked = _take(scores, indices)
     best = torch.argmax(picked, dim=-1)  # torch's argmax picks a NaN if there is one
     has_nan = torch.isnan(picked.gather(1, best.unsqueeze(1)).squeeze(1))
-    if fallback or bool(has_nan.any()):
-        logged = range(len(indices)) if fallback else has_nan.nonzero().flatten().tolist()
-        for position in logged:
-            logger.warning("request %d: %s distribution unusable (non-finite logits or no "
-                           "probability left after filtering); this token is greedy",
-                           rows[indices[position]].request_id,
-                           "sampling" if fallback else "greedy")
-        best = torch.argmax(torch.nan_to_num(picked.float(), nan=-math.inf), dim=-1)
-    return best.tolist()
+    # one read from the device: the ids and, past them, which rows hit a NaN
+    read = torch.cat((best, has_nan.long())).tolist()
+    nan_rows = [i for i, flag in enumerate(read[len(indices):]) if flag]
+    if not (fallback or nan_rows):
+        return read[:len(indices)]
+    for position in range(len(indices)) if fallback else nan_rows:
+        logger.warning("request %d: %s distribution unusable (non-finite logits or no "
+                       "probability left after filtering); this token is greedy",
+                       rows[indices[position]].request_id, "sampling" if fallback else "greedy")
+    return torch.argmax(torch.nan_to_num(picked.float(), nan=-math.inf), dim=-1).tolist()
 
 
 def _draw(scores: torch.Tensor, rows: Sequence[SamplingState]) -> tuple[list[int], list[bool]]:
@@ -133,7 +138,8 @@ def _draw_group(scores: torch.Tensor, rows: Sequence[SamplingState],
                 candidates: int) -> tuple[list[int], list[bool]]:
     """`candidates`: -1 all tokens in vocabulary order, 0 all sorted, k the top k sorted."""
     params = [row.params for row in rows]
-    temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
+    device = scores.device
+    temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
     scaled = (scores - scores.max(dim=-1, keepdim=True).values) / temperature
     order = None
     if candidates == 0:
@@ -143,8 +149,9 @@ def _draw_group(scores: torch.Tensor, rows: Sequence[SamplingState],
     if order is not None:
         probs = torch.softmax(scaled, dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64).unsqueeze(1)
-        min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64,
+                             device=device).unsqueeze(1)
+        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
         drop = (before >= top_p) | (probs < min_p * probs[:, :1])
         drop[:, 0] = False  # the most likely token always stays
         probs = probs.masked_fill(drop, 0.0)
@@ -155,17 +162,20 @@ def _draw_group(scores: torch.Tensor, rows: Sequence[SamplingState],
     total = cdf[:, -1]  # NaN if any probability is (softmax of NaN or of +inf logits)
     usable = torch.isfinite(total) & (total > 0)
     uniform = torch.tensor([draw_uniform(_key(row), len(row.token_ids) - row.prompt_tokens)
-                            for row in rows], dtype=torch.float64)
+                            for row in rows], dtype=torch.float64, device=device)
     target = (uniform * total.double()).to(cdf.dtype).unsqueeze(1)
     # the first token whose cdf exceeds the target has probability > 0, unless rounding
     # put the target at the total: then take the last token with probability > 0
     index = torch.searchsorted(cdf, target, right=True).clamp(max=width - 1)
-    if bool((probs.gather(1, index) == 0).any()):
-        last_kept = torch.where(probs > 0, torch.arange(width), 0).max(dim=-1, keepdim=True)
-        index = torch.minimum(index, last_kept.values)
+    # without a read from the device: the last token with probability > 0 wherever the
+    # first pick has none
+    last_kept = torch.where(probs > 0, torch.arange(width, device=device), 0).max(
+        dim=-1, keepdim=True).values
+    index = torch.where(probs.gather(1, index) == 0, torch.minimum(index, last_kept), index)
     if order is not None:
         index = order.gather(1, index)
-    return index.squeeze(1).tolist(), usable.tolist()
+    read = torch.cat((index.squeeze(1), usable.long())).tolist()  # one read
+    return read[:len(rows)], [bool(flag) for flag in read[len(rows):]]
 
 
 def _key(row: SamplingState) -> int:
@@ -180,7 +190,8 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int],
     reported as LOGPROB_FLOOR, as vLLM does, so that they serialize as JSON."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     logprobs = torch.nan_to_num(logprobs, nan=LOGPROB_FLOOR, neginf=LOGPROB_FLOOR)
-    chosen = logprobs.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(1)
+                             ).squeeze(1).tolist()
     most = max(top, default=0)
     best_values, best_ids = ([], []) if most == 0 else (
         t.tolist() for t in torch.topk(logprobs, min(most, logprobs.shape[1]), dim=-1))
