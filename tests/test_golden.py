@@ -1,6 +1,6 @@
 """Golden outputs of `pdserve simulate`: a restructuring must not change behaviour.
 
-Each case is a `pdserve simulate` command line; its summary (every statistic, exactly),
+Each case is a `pdserve simulate` command line; its summary (every statistic, to 1e-7),
 its run statistics (flips, role changes, sessions, instance-seconds, migrations, goodput
 points) and a digest of its per-request CSV must equal the outputs recorded in
 `tests/golden/simulate.json`. The cases cover every preset, sessions, prefix caches,
@@ -144,4 +144,21 @@ def test_simulate_matches_golden(name: str, tmp_path: Path) -> None:
         GOLDEN.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
         return
     expected = json.loads(GOLDEN.read_text())[name]
-    assert got == expected
+    assert got.keys() == expected.keys()
+    assert got["requests_csv_sha256"] == expected["requests_csv_sha256"]  # every request
+    # the summary's statistics within 1e-7: numpy and scipy releases round differently (a
+    # fresh install of numpy 2.4.6 and scipy 1.17.1 moved the fitted step models, so the
+    # simulated times, by up to 5e-10 relative); a change of behaviour moves them far more,
+    # and the per-request CSV above (times to the microsecond) is byte for byte
+    assert leaves(got) == pytest.approx(leaves(expected), rel=1e-7, abs=1e-12)
+
+
+def leaves(tree: object, prefix: str = "") -> dict[str, object]:
+    """A nested document as {dotted path: value}."""
+    if isinstance(tree, dict):
+        return {path: value for key, item in tree.items()
+                for path, value in leaves(item, f"{prefix}{key}.").items()}
+    if isinstance(tree, list):
+        return {path: value for i, item in enumerate(tree)
+                for path, value in leaves(item, f"{prefix}{i}.").items()}
+    return {prefix: tree}
