@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.elementwise import rotate_half
 from pdserve.engine.kv_pool import PagedKVPool
-from pdserve.engine.model import RMSNorm, rotate_half
+from pdserve.engine.model import RMSNorm
 from pdserve.perf.layer_shape import GEMM_OPS
 from pdserve.perf.operators import op_time_s, shipped_operator_model
 from pdserve.perf.presets import calibrated

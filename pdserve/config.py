@@ -236,6 +236,10 @@ class EngineConfig:
     weights: str = ""
     device: str = "auto"  # auto (CUDA when torch sees a GPU), cpu, cuda, cuda:N
     dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
+    attention: str = "auto"  # flex: read the paged pool in place; gather: copy blocks out
+    # first; auto: gather (flex is not yet measured on a GPU)
+    fused_elementwise: bool = False  # one compiled kernel each for norm + residual, RoPE
+    # and SiLU x up (off until measured on a GPU)
     kv_blocks: int = 0  # KV blocks (16 tokens) per worker; 0: as many as fit in kv_cache_mib
     kv_cache_mib: int = 512  # KV memory per worker when kv_blocks is 0
 

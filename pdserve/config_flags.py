@@ -28,7 +28,12 @@ from pdserve.config import (
     leaf_paths,
     read_yaml,
 )
-from pdserve.engine.device_args import DTYPE_CHOICES
+from pdserve.engine.device_args import (
+    ATTENTION_HELP,
+    ATTENTION_PATHS,
+    DTYPE_CHOICES,
+    FUSED_HELP,
+)
 from pdserve.live.ray_cluster import KV_TRANSPORTS
 from pdserve.perf.host_overhead import HOST_OVERHEADS
 from pdserve.perf.presets import DEFAULT_BACKEND
@@ -281,6 +286,8 @@ SERVE_FLAGS = (
          "GPU), cpu, cuda or cuda:N; workers on one GPU share its memory"),
     Flag("--dtype", "engine.dtype", "weights and KV: auto is bfloat16 on a GPU, float32 on "
          "the CPU", choices=DTYPE_CHOICES),
+    Flag("--attention", "engine.attention", ATTENTION_HELP, choices=ATTENTION_PATHS),
+    Flag("--fused-elementwise", "engine.fused_elementwise", FUSED_HELP, switch=True),
     Flag("--ray", "server.ray.address", "host the workers in Ray actors: on the cluster at "
          "HOST:PORT (its head's GCS port), or without one on a local Ray instance on "
          "127.0.0.1 (pip install 'pdserve[ray]')", optional_value="", metavar="ADDRESS"),

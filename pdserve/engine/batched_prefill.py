@@ -32,12 +32,14 @@ class PrefillPadding:
 
     tables: torch.Tensor  # [m, blocks_max] block ids, zero-padded
     prior: torch.Tensor  # [m] tokens before each chunk
+    context: torch.Tensor  # [m] tokens with KV once the chunk is in: prior + new
     slots: torch.Tensor  # [sum of new] padded row of each packed prefill token
     longest: int  # n_max
 
     def to(self, device: torch.device) -> PrefillPadding:
         return PrefillPadding(self.tables.to(device, non_blocking=True),
                               self.prior.to(device, non_blocking=True),
+                              self.context.to(device, non_blocking=True),
                               self.slots.to(device, non_blocking=True), self.longest)
 
 
@@ -54,23 +56,37 @@ def pad(new_tokens: list[int], contexts: list[int], tables: list[torch.Tensor]) 
                        for row, new in enumerate(new_tokens)])
     prior = torch.tensor([context - new for new, context in zip(new_tokens, contexts,
                                                                 strict=True)])
-    return PrefillPadding(padded, prior, slots, longest)
+    return PrefillPadding(padded, prior, torch.tensor(contexts), slots, longest)
+
+
+def pad_queries(q: torch.Tensor, padding: PrefillPadding) -> torch.Tensor:
+    """The chunks' packed queries [sum of new, heads, dim] in padded rows:
+    [m, heads, n_max, dim] (padding queries are zero)."""
+    chunks, heads, dim = padding.tables.shape[0], q.shape[1], q.shape[2]
+    queries = q.new_zeros(chunks * padding.longest, heads, dim)
+    queries[padding.slots] = q
+    return queries.view(chunks, padding.longest, heads, dim).transpose(1, 2)
+
+
+def unpad_outputs(out: torch.Tensor, padding: PrefillPadding) -> torch.Tensor:
+    """Attention outputs [m, heads, n_max, dim] back to the packed tokens:
+    [sum of new, heads * dim]."""
+    chunks, heads, _, dim = out.shape
+    return out.transpose(1, 2).reshape(chunks * padding.longest, heads * dim)[padding.slots]
 
 
 def attention(q: torch.Tensor, padding: PrefillPadding, pool: PagedKVPool,
               layer: int) -> torch.Tensor:
     """q: [sum of new, heads, dim] (the chunks' queries, packed) -> [sum of new, heads * dim]."""
-    chunks, heads, dim = padding.tables.shape[0], q.shape[1], q.shape[2]
+    chunks, dim = padding.tables.shape[0], q.shape[2]
     kv_heads = pool.shape[-2]
     keys, values = pool.gather(layer, padding.tables)  # [m, blocks, block, kv_heads, dim]
     keys = keys.view(chunks, -1, kv_heads, dim).transpose(1, 2)
     values = values.view(chunks, -1, kv_heads, dim).transpose(1, 2)
-    queries = q.new_zeros(chunks * padding.longest, heads, dim)
-    queries[padding.slots] = q
-    queries = queries.view(chunks, padding.longest, heads, dim).transpose(1, 2)
+    queries = pad_queries(q, padding)
     query_pos = padding.prior.unsqueeze(1) + torch.arange(padding.longest, device=q.device)
     key_pos = torch.arange(keys.shape[2], device=q.device)
     mask = key_pos.view(1, 1, -1) <= query_pos.unsqueeze(2)  # [m, n_max, keys]
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask.unsqueeze(1),
                                          enable_gqa=True)  # [m, heads, n_max, dim]
-    return out.transpose(1, 2).reshape(chunks * padding.longest, heads * dim)[padding.slots]
+    return unpad_outputs(out, padding)

@@ -29,6 +29,7 @@ import torch
 
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch
+from pdserve.engine.paged_attention import PagedAttention
 
 MIN_WIDTH_BLOCKS = 16  # 256 tokens of context
 MAX_BATCH = 256
@@ -53,8 +54,11 @@ class _Captured:
 
 class DecodeGraphs:
     def __init__(self, model: CausalLM, pool: PagedKVPool, scratch_block: int,
-                 capture: bool = True) -> None:
+                 capture: bool = True, paged: PagedAttention | None = None) -> None:
+        """`paged`: the engine's in-place attention, which the graphs then capture (its
+        masks are built inside the forward, from the static tables)."""
         self.model, self.pool, self.scratch_block = model, pool, scratch_block
+        self.paged = paged
         self.capture = capture
         self.device = pool.data.device
         self.graphs: dict[tuple[int, int], _Captured] = {}
@@ -115,7 +119,8 @@ class DecodeGraphs:
         static = ForwardBatch(zeros(rows), zeros(rows), [1] * rows, [1] * rows, [],
                               zeros(rows), zeros(rows), num_decodes=rows,
                               decode_tables=zeros(rows, width), decode_context=zeros(rows),
-                              last_rows=torch.arange(rows, device=self.device))
+                              last_rows=torch.arange(rows, device=self.device),
+                              paged=self.paged)
         self._reset(static)
         captured = _Captured(static, None)
         if self.capture:

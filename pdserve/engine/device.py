@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from pdserve.engine.device_args import ATTENTION_PATHS
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -30,6 +32,10 @@ class EngineDevice:
     # CPU: exercises the GPU's staging path)
     cuda_graphs: bool = True  # on a GPU, replay decode steps from CUDA graphs
     # (`decode_graphs.py`); False: every step eager
+    attention: str = "auto"  # how attention reads the paged pool (`paged_attention.wanted`):
+    # flex (in place), gather (contiguous copies first), auto (gather, for now)
+    fused_elementwise: bool = False  # one compiled kernel per norm, rotary and SiLU x up
+    # (`elementwise.fused`); off: eager
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -37,6 +43,9 @@ class EngineDevice:
         kind = self.device.split(":")[0]
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"engine device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.attention not in ATTENTION_PATHS:
+            raise ValueError(f"engine attention must be one of {ATTENTION_PATHS}, got "
+                             f"{self.attention!r}")
         if not 0.0 <= self.memory_fraction <= 1.0:
             raise ValueError(f"engine memory_fraction must be within [0, 1], got "
                              f"{self.memory_fraction}")
@@ -59,10 +68,10 @@ class EngineDevice:
         return DTYPES[self.dtype]
 
 
-def resolve_device(device: str = "auto", dtype: str = "auto",
-                   workers_per_gpu: int = 1) -> EngineDevice:
-    """The `--device`/`--dtype` choice made concrete; `workers_per_gpu` GPU workers split
-    the GPU's memory evenly."""
+def resolve_device(device: str = "auto", dtype: str = "auto", workers_per_gpu: int = 1,
+                   attention: str = "auto", fused_elementwise: bool = False) -> EngineDevice:
+    """The `--device`/`--dtype`/`--attention` choice made concrete; `workers_per_gpu` GPU
+    workers split the GPU's memory evenly."""
     if device not in DEVICES and not device.startswith("cuda:"):
         raise ValueError(f"--device must be one of {DEVICES} (or cuda:N), got {device!r}")
     gpu = torch.cuda.is_available()
@@ -74,7 +83,8 @@ def resolve_device(device: str = "auto", dtype: str = "auto",
         dtype = "float32" if device == "cpu" else (
             "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
     fraction = 0.0 if device == "cpu" or workers_per_gpu <= 1 else 0.9 / workers_per_gpu
-    return EngineDevice(device, dtype, fraction)
+    return EngineDevice(device, dtype, fraction, attention=attention,
+                        fused_elementwise=fused_elementwise)
 
 
 def place(model: nn.Module, where: EngineDevice) -> nn.Module:

@@ -56,9 +56,11 @@ from pdserve.engine import batched_prefill
 from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.decode_graphs import DecodeGraphs
 from pdserve.engine.device import EngineDevice, place
+from pdserve.engine.elementwise import fused
 from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch, on_device
+from pdserve.engine.paged_attention import PagedAttention, wanted
 from pdserve.engine.prefix_blocks import PrefixBlocks
 from pdserve.engine.prompt_logprobs import prompt_logprob_rows, record_prompt_logprobs
 from pdserve.engine.sampling import TokenLogprob, sample_batch, token_logprobs
@@ -82,6 +84,8 @@ class Engine:
         config = model.config
         self.where = device or EngineDevice()
         self.model = place(model, self.where)
+        if self.where.fused_elementwise:
+            self.model.use_elementwise(fused())
         self.tokenizer = tokenizer
         self.pool = PagedKVPool(num_blocks, config.num_layers, config.num_kv_heads,
                                 config.head_dim, shared_name=shared_name,
@@ -100,6 +104,9 @@ class Engine:
         # every k generated tokens, a sequence's hidden vector for the length predictor
         self.hidden_capture = HiddenStateCapture(hidden_state_every_tokens)
         self._grammars: GrammarCompiler | None = None  # built by the first constraint
+        # attention in place over the pool (`paged_attention.py`), or None: gathered
+        self.paged_attention = (PagedAttention(self.pool) if wanted(self.where.attention)
+                                else None)
         if not self.where.on_cpu and self.where.cuda_graphs and num_blocks > 1:
             self.enable_decode_graphs()
 
@@ -111,7 +118,8 @@ class Engine:
         scratch = self.pool.num_blocks - 1
         self.allocator = SegmentAllocator(scratch)
         self.sessions = SessionKVStore(self.allocator)
-        self.decode_graphs = DecodeGraphs(self.model, self.pool, scratch, capture)
+        self.decode_graphs = DecodeGraphs(self.model, self.pool, scratch, capture,
+                                          self.paged_attention)
 
     # ---- sequences ----
     def add(self, request_id: int, prompt_ids: list[int], params: SamplingParams,
@@ -349,8 +357,9 @@ class Engine:
             batch.decode_tables = padded
             batch.decode_context = torch.tensor(contexts[:len(decodes)])
         chunks = len(work) - len(decodes)
-        if chunks and (self.batch_prefills or batched_prefill.wanted(self.where.torch_device,
-                                                                    chunks)):
+        batch.paged = self.paged_attention
+        if chunks and (self.batch_prefills or batch.paged is not None
+                       or batched_prefill.wanted(self.where.torch_device, chunks)):
             batch.prefill_padding = batched_prefill.pad(new_tokens[len(decodes):],
                                                         contexts[len(decodes):],
                                                         tables[len(decodes):])

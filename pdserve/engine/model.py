@@ -7,9 +7,11 @@ loads as is.
 
 One forward runs a packed batch: the new tokens of every sequence (prefill chunks after any
 prior context, and single decode tokens) go through the linear layers together; attention
-runs per sequence over its blocks in the pool. It returns the last position's logits and
-final hidden state (after the last norm) of every sequence, then those of any extra rows
-asked for (prompt logprobs).
+reads each sequence's blocks in the pool: in place (`paged_attention.py`, when the batch
+carries the engine's `PagedAttention`), or gathered per sequence, the decodes in one padded
+call and, on a GPU, the chunks in another (`batched_prefill.py`). It returns the last
+position's logits and final hidden state (after the last norm) of every sequence, then those
+of any extra rows asked for (prompt logprobs).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from torch import nn
 from pdserve.engine import batched_prefill
 from pdserve.engine.batched_prefill import PrefillPadding
 from pdserve.engine.config import ModelConfig
+from pdserve.engine.elementwise import EAGER, Elementwise
 from pdserve.engine.kv_pool import PagedKVPool
+from pdserve.engine.paged_attention import PagedAttention, PagedStep
 
 
 @dataclass
@@ -45,7 +49,9 @@ class ForwardBatch:
     extra_rows: torch.Tensor | None = None  # packed rows whose logits are also wanted
     last_rows: torch.Tensor | None = None  # each sequence's last packed row, when known on
     # the device (a captured decode graph: no host list may be read while capturing)
-    prefill_padding: PrefillPadding | None = None  # the chunks attend in one call (a GPU's)
+    prefill_padding: PrefillPadding | None = None  # the chunks attend in one call (a GPU's,
+    # and always with `paged`)
+    paged: PagedAttention | None = None  # attention reads the pool in place (the engine's)
 
 
 def on_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
@@ -59,7 +65,8 @@ def on_device(batch: ForwardBatch, device: torch.device) -> ForwardBatch:
         move(batch.slot_blocks), move(batch.slot_offsets),  # type: ignore[arg-type]
         batch.num_decodes, move(batch.decode_tables), move(batch.decode_context),
         move(batch.extra_rows), move(batch.last_rows),
-        None if batch.prefill_padding is None else batch.prefill_padding.to(device))
+        None if batch.prefill_padding is None else batch.prefill_padding.to(device),
+        batch.paged)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -83,9 +90,16 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return inv_freq
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+@dataclass
+class LayerContext:
+    """What every layer of one forward reads besides its hidden states."""
+
+    cos: torch.Tensor  # [T, 1, head_dim] rotary angles of the batch's positions
+    sin: torch.Tensor
+    batch: ForwardBatch
+    pool: PagedKVPool
+    paged: PagedStep | None  # attention in place over the pool, or None: gathered
+    ops: Elementwise  # eager or fused (`elementwise.py`)
 
 
 class RMSNorm(nn.Module):
@@ -94,11 +108,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype  # reduced precision: normalise in float32, as transformers does
-        x = x.float()
-        variance = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(variance + self.eps)).to(dtype)
+    def forward(self, x: torch.Tensor, ops: Elementwise = EAGER) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor,
+            ops: Elementwise = EAGER) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -113,15 +129,15 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, pool: PagedKVPool) -> torch.Tensor:
-        tokens = x.shape[0]
+    def forward(self, x: torch.Tensor, context: LayerContext) -> torch.Tensor:
+        tokens, batch, pool = x.shape[0], context.batch, context.pool
         q = self.q_proj(x).view(tokens, self.heads, self.head_dim)
         k = self.k_proj(x).view(tokens, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(tokens, self.kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = context.ops.rotary(q, k, context.cos, context.sin)
         pool.write(self.layer, batch.slot_blocks, batch.slot_offsets, k, v)
+        if context.paged is not None:
+            return self.o_proj(context.paged.attend(q, self.layer))
         outputs = []
         decodes = batch.num_decodes
         if decodes:
@@ -178,8 +194,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, ops: Elementwise = EAGER) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -190,10 +206,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, pool: PagedKVPool) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, pool)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                context: LayerContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it): the residual adds
+        are fused into the next norm (`x + sublayer(norm(x))` as vLLM runs it)."""
+        ops = context.ops
+        if residual is None:  # the first layer: x is the embedding
+            residual, h = x, self.input_layernorm(x, ops)
+        else:
+            h, residual = self.input_layernorm.add(x, residual, ops)
+        h = self.self_attn(h, context)
+        h, residual = self.post_attention_layernorm.add(h, residual, ops)
+        return self.mlp(h, ops), residual
 
 
 class DecoderModel(nn.Module):
@@ -213,6 +237,12 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.elementwise = EAGER  # `use_elementwise`: eager or fused
+
+    def use_elementwise(self, ops: Elementwise) -> None:
+        """Run the elementwise work eagerly (`elementwise.EAGER`) or fused
+        (`elementwise.fused()`)."""
+        self.elementwise = ops
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, pool: PagedKVPool) -> tuple[torch.Tensor,
@@ -221,12 +251,19 @@ class CausalLM(nn.Module):
         freqs = batch.positions.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
         angles = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [T, 1, head_dim]
         x = self.model.embed_tokens(batch.token_ids)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        paged = None if batch.paged is None else PagedStep.build(
+            batch.paged, batch.num_decodes, batch.decode_tables, batch.decode_context,
+            batch.prefill_padding)
+        context = LayerContext(angles.cos().to(x.dtype), angles.sin().to(x.dtype), batch, pool,
+                               paged, self.elementwise)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, cos, sin, batch, pool)
+            x, residual = layer(x, residual, context)
         rows = (batch.last_rows if batch.last_rows is not None
                 else torch.tensor(batch.new_tokens, device=x.device).cumsum(0) - 1)
         if batch.extra_rows is not None:
             rows = torch.cat((rows, batch.extra_rows))
-        hidden = self.model.norm(x[rows])
+        x = x[rows] if residual is None else x[rows] + residual[rows]  # None: no layers (a
+        # probe of the model's cost outside them)
+        hidden = self.model.norm(x, self.elementwise)
         return self.lm_head(hidden), hidden

@@ -56,7 +56,9 @@ def _run_profile(args: argparse.Namespace) -> int:
     grid = QUICK_GRID if args.quick else ProfileGrid()
     model = profile_engine(args.model, args.kv_blocks, grid,
                            lambda message: print(f"  {message}", flush=True), args.contention,
-                           resolve_device(args.device, args.dtype))
+                           resolve_device(args.device, args.dtype,
+                                          attention=args.attention,
+                                          fused_elementwise=args.fused_elementwise))
     model.save(args.out)
     p, d, t = model.prefill, model.decode, model.transfer
     print(f"prefill  {p.intercept_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us/token + "

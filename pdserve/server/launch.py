@@ -136,7 +136,9 @@ def build_app(config: Config, measure: Measure = background_start_up_profile) ->
     ray = server.ray
     sharing = count if ray is None else max(1, round(1 / (ray.gpus_per_worker
                                                           or 1)))  # workers per GPU
-    where = resolve_device(engine.device, engine.dtype, workers_per_gpu=sharing)
+    where = resolve_device(engine.device, engine.dtype, workers_per_gpu=sharing,
+                           attention=engine.attention,
+                           fused_elementwise=engine.fused_elementwise)
     log.info("engines on %s in %s%s", where.device, where.dtype,
              f", {where.memory_fraction:.0%} of the GPU each" if where.memory_fraction else "")
     driver = LiveDriver(policy, count, served.require_tokenizer(), WorkerSettings(
