@@ -198,3 +198,13 @@ def test_the_gpu_step_bench_runs_on_the_cpu(tmp_path):
     # vLLM's 8B step on an H100 from the shipped tables: milliseconds, growing with work
     assert 2 < cases[0]["vllm_ms"] < cases[1]["vllm_ms"] < 30
     assert cases[2]["vllm_ms"] < cases[3]["vllm_ms"]
+
+
+def test_flex_is_refused_on_the_cpu_and_unknown_paths_clearly():
+    from pdserve.engine.device import resolve_device
+
+    with pytest.raises(ValueError, match="needs a GPU"):
+        resolve_device("cpu", attention="flex")
+    with pytest.raises(ValueError, match="engine attention must be one of"):
+        EngineDevice(attention="paged")
+    assert resolve_device("cpu").attention == "auto"

@@ -79,6 +79,9 @@ def resolve_device(device: str = "auto", dtype: str = "auto", workers_per_gpu: i
         device = "cuda" if gpu else "cpu"
     if device != "cpu" and not gpu:
         raise ValueError(f"--device {device}: torch sees no CUDA GPU here")
+    if attention == "flex" and device == "cpu":
+        raise ValueError("--attention flex needs a GPU: on the CPU FlexAttention runs its "
+                         "dense reference over the whole KV pool; use gather (the default)")
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else (
             "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
