@@ -13,10 +13,12 @@ depend on the KV's values), so the 256 x 1,024-token batch needs no prefill firs
 
     python bench/gpu_steps.py                                  # the engine's defaults
     python bench/gpu_steps.py --attention flex --fused-elementwise
+    python bench/gpu_steps.py --compare        # defaults, then flex + fused, one process
     python bench/gpu_steps.py --model tiny --device cpu --quick  # a smoke run, no GPU
 
 `--out FILE` (default docs/results/gpu/step_vs_vllm.json on a GPU) gets
-{"cases": [{"case", "pdserve_ms", "vllm_ms", "ratio"}], "device", "options"}.
+{"cases": [{"case", "pdserve_ms", "vllm_ms", "ratio"}], "device", "options"} of the options
+asked for (with `--compare`, of flex + fused, and the defaults' cases as "baseline_cases").
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,6 +37,7 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.transfer import KVHandoff
+from pdserve.perf.measured import Measured
 from pdserve.perf.presets import measured
 from pdserve.types import blocks_for
 
@@ -106,6 +110,9 @@ def main() -> None:
     parser.add_argument("--fused-elementwise", action="store_true")
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--gpu", default="", help="vLLM's tables of this GPU [this GPU's]")
+    parser.add_argument("--compare", action="store_true",
+                        help="the defaults first, then --attention flex --fused-elementwise, "
+                        "on one model in one process")
     parser.add_argument("--quick", action="store_true",
                         help="batches up to 8 and prefills up to 512, 2 steps each (smoke)")
     parser.add_argument("--out", type=Path, default=None)
@@ -113,23 +120,51 @@ def main() -> None:
     where = resolve_device(args.device, args.dtype, attention=args.attention,
                            fused_elementwise=args.fused_elementwise)
     if args.no_cuda_graphs:
-        from dataclasses import replace
         where = replace(where, cuda_graphs=False)
-    gpu = args.gpu or gpu_name()
     batches = [b for b in DECODE_BATCHES if not args.quick or b <= 8]
     prefills = [t for t in PREFILL_TOKENS if not args.quick or t <= 512]
     steps = 2 if args.quick else 20
     model, _ = load_model(args.model, where=where)
-    blocks = max(blocks_for(max(batches) * (DECODE_CONTEXT + steps + 16)),
-                 blocks_for(max(prefills) + 16)) + 2
-    engine = Engine(model, None, blocks, device=where)
-    vllm = measured("llama-3.1-8b", gpu, 1, "vllm")
+    vllm = measured("llama-3.1-8b", args.gpu or gpu_name(), 1, "vllm")
     device_name = (torch.cuda.get_device_name() if where.torch_device.type == "cuda"
                    else "cpu")
-    options = dict(model=args.model, dtype=where.dtype, attention=where.attention,
-                   fused_elementwise=where.fused_elementwise,
-                   cuda_graphs=engine.decode_graphs is not None, vllm=vllm.ops.name)
-    print(f"{device_name}, torch {torch.__version__}; {options}")
+    print(f"{device_name}, torch {torch.__version__}; vLLM's steps: {vllm.ops.name}")
+    runs = [where]
+    if args.compare:
+        runs = [replace(where, attention="auto", fused_elementwise=False),
+                replace(where, attention="flex", fused_elementwise=True)]
+    results = []
+    for run in runs:
+        blocks = max(blocks_for(max(batches) * (DECODE_CONTEXT + steps + 16)),
+                     blocks_for(max(prefills) + 16)) + 2
+        engine = Engine(model, None, blocks, device=run)  # one at a time: the KV is freed
+        options = dict(model=args.model, dtype=run.dtype, attention=run.attention,
+                       fused_elementwise=run.fused_elementwise,
+                       cuda_graphs=engine.decode_graphs is not None, vllm=vllm.ops.name)
+        print(options)
+        results.append((options, measure(engine, vllm, batches, prefills, steps, args.quick)))
+        engine.pool.close()
+        del engine
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if args.compare:
+        print("flex + fused / defaults: " + ", ".join(
+            f"{new['case']} {new['pdserve_ms'] / old['pdserve_ms']:.2f}x"
+            for old, new in zip(results[0][1], results[1][1], strict=True)))
+    options, cases = results[-1]
+    out = args.out or (DEFAULT_OUT if device_name != "cpu" else None)
+    if out is not None:
+        document = dict(device=device_name, options=options, cases=cases)
+        if args.compare:
+            document.update(baseline_options=results[0][0], baseline_cases=results[0][1])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(document, indent=1))
+        print(f"wrote {out}")
+
+
+def measure(engine: Engine, vllm: Measured, batches: list[int], prefills: list[int],
+            steps: int, quick: bool) -> list[dict]:
+    """The cases on one engine, each printed as it is measured."""
     cases = []
 
     def report(case: str, ours_s: float, vllm_s: float) -> None:
@@ -142,16 +177,10 @@ def main() -> None:
         report(f"decode B={batch} ctx={DECODE_CONTEXT}", time_decode(engine, batch, steps),
                vllm.decode_step_s(batch, batch * DECODE_CONTEXT))
     for tokens in prefills:
-        report(f"prefill {tokens}", time_prefill(engine, tokens, 2 if args.quick else 5),
+        report(f"prefill {tokens}", time_prefill(engine, tokens, 2 if quick else 5),
                vllm.prefill_s(tokens))
-    worst = max(case["ratio"] for case in cases)
-    print(f"worst ratio {worst:.2f} (target <= 1.3)")
-    out = args.out or (DEFAULT_OUT if device_name != "cpu" else None)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(dict(device=device_name, options=options, cases=cases),
-                                  indent=1))
-        print(f"wrote {out}")
+    print(f"worst ratio {max(case['ratio'] for case in cases):.2f} (target <= 1.3)")
+    return cases
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ from pdserve.engine import batched_prefill
 from pdserve.engine.allocator import SegmentAllocator
 from pdserve.engine.decode_graphs import DecodeGraphs
 from pdserve.engine.device import EngineDevice, place
-from pdserve.engine.elementwise import fused
+from pdserve.engine.elementwise import EAGER, fused
 from pdserve.engine.hidden_capture import HiddenStateCapture
 from pdserve.engine.kv_pool import PagedKVPool
 from pdserve.engine.model import CausalLM, ForwardBatch, on_device
@@ -84,8 +84,7 @@ class Engine:
         config = model.config
         self.where = device or EngineDevice()
         self.model = place(model, self.where)
-        if self.where.fused_elementwise:
-            self.model.use_elementwise(fused())
+        self.model.use_elementwise(fused() if self.where.fused_elementwise else EAGER)
         self.tokenizer = tokenizer
         self.pool = PagedKVPool(num_blocks, config.num_layers, config.num_kv_heads,
                                 config.head_dim, shared_name=shared_name,
