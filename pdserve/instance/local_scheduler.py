@@ -355,13 +355,15 @@ class LocalScheduler:
         if steps <= 1:
             return None
         extra = steps - 1
-        blocks = [-(-(r.input_tokens + r.generated_tokens + extra) // KV_BLOCK_TOKENS)
-                  for r in decodes]
-        taken = sum(blocks) - sum(r.kv_blocks for r in decodes)
+        taken = 0
+        for request in decodes:  # blocks_for(sequence_tokens + extra), inline (hot)
+            taken += -(-(request.input_tokens + request.generated_tokens + extra)
+                       // KV_BLOCK_TOKENS) - request.kv_blocks
         if taken > self.budget.free_blocks:
             return None
-        for request, held in zip(decodes, blocks, strict=True):
-            request.kv_blocks = held
+        for request in decodes:
+            request.kv_blocks = -(-(request.input_tokens + request.generated_tokens + extra)
+                                  // KV_BLOCK_TOKENS)
         self.budget.take(taken)
         plan = BatchPlan(decodes, [], steps, self.running_tokens)
         if self._preempted_pending:
