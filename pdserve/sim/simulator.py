@@ -177,8 +177,9 @@ class Simulator:
 
     # ---- the scheduler's actions (`World`) ----
     def _apply(self, actions: list[Action]) -> None:
-        apply_actions(actions, self, self.scheduler.board.roles, self.cluster_history,
-                      self.view.now_s)
+        if actions:  # (most finishes and ticks decide nothing)
+            apply_actions(actions, self, self.scheduler.board.roles, self.cluster_history,
+                          self.view.now_s)
 
     def serving(self, instance_id: int) -> bool:
         return instance_id not in self.lifecycle.stopped
@@ -309,10 +310,11 @@ class Simulator:
         if self._watch is not None:
             self._watch.tick(self.view.now_s)
         self._apply(self.scheduler.handle(Tick(), self.view))
-        stopped = self.lifecycle.stopped
+        states = [InstanceState.UP] * len(self.instances)
+        for i in self.lifecycle.stopped:
+            states[i] = InstanceState.STOPPED
         self.cluster_history.sample(self.view.now_s, self.instances, self.scheduler.roles,
-                            [InstanceState.STOPPED if i in stopped else InstanceState.UP
-                             for i in range(len(self.instances))])
+                                    states)
         if self._outstanding > 0 or self._arrivals_pending or self.sessions.rounds.pending:
             self._push(self.view.now_s + self.settings.monitor_interval_s, _TICK, None)
 
