@@ -121,17 +121,14 @@ class GlobalScheduler:
         if not board.prefill_candidates or not board.decode_candidates:
             return "no instance is available to serve the request"
         instances = view.instances
-        capacity = 0
-        for i in board.decode_candidates:
-            blocks = instances[i].total_blocks
-            if blocks > capacity:
-                capacity = blocks
         needed = blocks_for(request.input_tokens + request.output_tokens)
-        if needed > capacity:
-            return (f"prompt ({request.input_tokens} tokens) plus output "
-                    f"({request.output_tokens} tokens) exceeds the KV capacity of every "
-                    f"instance ({capacity * KV_BLOCK_TOKENS} tokens)")
-        return ""
+        for i in board.decode_candidates:
+            if instances[i].total_blocks >= needed:
+                return ""  # fits somewhere (the largest capacity matters only for the reason)
+        capacity = max(instances[i].total_blocks for i in board.decode_candidates)
+        return (f"prompt ({request.input_tokens} tokens) plus output "
+                f"({request.output_tokens} tokens) exceeds the KV capacity of every "
+                f"instance ({capacity * KV_BLOCK_TOKENS} tokens)")
 
     def _on_prefill_done(self, event: PrefillDone, view: ClusterView) -> list[Action]:
         self.policy.role_manager.on_progress(event.instance_id, view, self.board)

@@ -355,13 +355,15 @@ class LocalScheduler:
         if steps <= 1:
             return None
         extra = steps - 1
-        blocks = [-(-(r.input_tokens + r.generated_tokens + extra) // KV_BLOCK_TOKENS)
-                  for r in decodes]
-        taken = sum(blocks) - sum(r.kv_blocks for r in decodes)
+        taken = 0
+        for request in decodes:  # blocks_for(sequence_tokens + extra), inline (hot)
+            taken += -(-(request.input_tokens + request.generated_tokens + extra)
+                       // KV_BLOCK_TOKENS) - request.kv_blocks
         if taken > self.budget.free_blocks:
             return None
-        for request, held in zip(decodes, blocks, strict=True):
-            request.kv_blocks = held
+        for request in decodes:
+            request.kv_blocks = -(-(request.input_tokens + request.generated_tokens + extra)
+                                  // KV_BLOCK_TOKENS)
         self.budget.take(taken)
         plan = BatchPlan(decodes, [], steps, self.running_tokens)
         if self._preempted_pending:
@@ -441,22 +443,23 @@ class LocalScheduler:
         """Apply a batch that has run all its steps.
 
         `stopped` names requests the engine ended early (EOS or a stop string)."""
-        steps = plan.steps
         result = BatchResult()
         self.busy_s_total += duration_s
-        if plan.decodes:
+        decodes = plan.decodes
+        if decodes:
+            steps = plan.steps
             self.decode_steps_total += steps
             self.decode_busy_s_total += duration_s
-        cobatched = plan.prefill_tokens  # TaiChi's interference (prefills are one step)
-        if cobatched:
-            for request in plan.decodes:
-                request.cobatched_prefill_tokens += cobatched
-        self.running_tokens += steps * len(plan.decodes)
-        for request in plan.decodes:
-            request.generated_tokens += steps
-            if request.generated_tokens >= request.output_tokens or \
-                    request.request_id in stopped:
-                self._finish(request, result)
+            cobatched = plan.prefill_tokens  # TaiChi's interference (prefills are one step)
+            if cobatched:
+                for request in decodes:
+                    request.cobatched_prefill_tokens += cobatched
+            self.running_tokens += steps * len(decodes)
+            for request in decodes:
+                request.generated_tokens += steps
+                if request.generated_tokens >= request.output_tokens or \
+                        request.request_id in stopped:
+                    self._finish(request, result)
         for request, tokens in plan.chunks:
             self._advance_prefill(request, tokens, stopped, result)
         return result

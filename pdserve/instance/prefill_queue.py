@@ -69,11 +69,12 @@ class PrefillQueue:
 
     def advance(self, request: Request, tokens: int) -> bool:
         """Count a computed chunk; True when the request's prefill is complete."""
-        before = _remaining_units(request)
-        request.prefilled_tokens += tokens
-        self.tokens -= tokens
-        self.attn_units -= before - _remaining_units(request)
-        if request.prefilled_tokens < request.prefill_target_tokens:
+        done, target = request.prefilled_tokens, request.prefill_target_tokens
+        request.prefilled_tokens = done + tokens
+        self.tokens -= tokens  # the remaining units before and after (`_remaining_units`):
+        self.attn_units -= (attn_units(target - done, done)
+                            - attn_units(target - done - tokens, done + tokens))
+        if done + tokens < target:
             return False
         del self.active[request.request_id]
         return True

@@ -194,6 +194,8 @@ class SessionHistory:
 
     def history_blocks(self, request: Request, total_blocks: int) -> int:
         """Blocks of an incoming hand-off the history here already holds."""
+        if request.session_id < 0:
+            return 0  # not a session round: no history anywhere
         return min(self.cache.blocks_of(request.session_id), total_blocks)
 
     def take_for_transfer(self, request: Request) -> int:

@@ -37,11 +37,8 @@ class SimInstance:
         self.version = 0  # bumps when the pending batch-done event is superseded
         self.blocks: BlockTable | None = None  # block ids, when transfers are aligned
         self.tracker: DecodeLoadTracker | None = None  # ARES's forecast, when asked for
-        self.span: DecodeSpan | None = None  # the running span's clock (a multi-step plan)
-        # the steps of the running span done at `_done_at_s` (policies read the load many
-        # times at one instant); -1: not known
-        self._done_at_s = -1.0
-        self._done_steps = 0
+        self.span: DecodeSpan | None = None  # the running span's clock (a multi-step plan;
+        # it keeps the step it found last, so policies' many reads at one instant are cheap)
 
     # ---- running batches ----
     def start_batch(self, now_s: float) -> float | None:
@@ -53,7 +50,6 @@ class SimInstance:
         self.start_s = now_s
         if self.blocks is not None:
             self.blocks.start(plan)
-        self._done_at_s = -1.0
         if plan.steps > 1:
             span = self.span = self.perf.span(len(plan.decodes), plan.decode_context_tokens)
             duration = span.time_s(plan.steps)
@@ -68,13 +64,10 @@ class SimInstance:
         return self.end_s
 
     def _steps_done(self, plan: BatchPlan) -> int:
-        """Whole steps of the running span (`plan`, multi-step) done by now."""
-        now_s = self.view.now_s
-        if now_s != self._done_at_s:
-            self._done_steps = self.span.steps_within(  # type: ignore[union-attr]
-                now_s - self.start_s, plan.steps)
-            self._done_at_s = now_s
-        return self._done_steps
+        """Whole steps of the running span (`plan`, multi-step) done by now (inline in the
+        hot `running_tokens` and `interrupt`)."""
+        return self.span.steps_within(  # type: ignore[union-attr]
+            self.view.now_s - self.start_s, plan.steps)
 
     def interrupt(self, now_s: float) -> float | None:
         """Cut a running span after its step in progress; returns the new end time if it
@@ -82,14 +75,14 @@ class SimInstance:
         plan = self.plan
         if plan is None or plan.steps == 1:
             return None
-        started = self._steps_done(plan) + 1
+        started = self.span.steps_within(  # type: ignore[union-attr]
+            now_s - self.start_s, plan.steps) + 1
         if started >= plan.steps:
             return None
         self.local.shrink_span(plan, started)
         if self.blocks is not None:
             self.blocks.shrink(plan)
         self.end_s = self.start_s + self.span.time_s(started)  # type: ignore[union-attr]
-        self._done_at_s = -1.0
         self.version += 1
         return self.end_s
 
@@ -142,7 +135,9 @@ class SimInstance:
         plan = self.plan
         if plan is None or plan.steps == 1:
             return self.local.running_tokens
-        return self.local.running_tokens + len(plan.decodes) * self._steps_done(plan)
+        steps = self.span.steps_within(self.view.now_s - self.start_s,  # type: ignore[union-attr]
+                                       plan.steps)
+        return self.local.running_tokens + len(plan.decodes) * steps
 
     @property
     def used_blocks(self) -> int:

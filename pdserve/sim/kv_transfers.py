@@ -54,6 +54,8 @@ class KVTransfers:
         self._start_s: dict[int, float] = {}  # KV on the wire: request -> start
         self._event_s = math.inf  # when the pending link event is due
         self._version = 0  # bumps when the pending link event is superseded
+        # the calls of every transfer in the "fixed" mode (0: counted per transfer)
+        self._fixed_calls = settings.transfer_calls if settings.transfer_mode == "fixed" else 0
 
     # ---- hand-offs and migrations ----
     def send(self, request: Request, source_id: int, target_id: int) -> None:
@@ -86,20 +88,23 @@ class KVTransfers:
 
     def start_transfers(self, target: SimInstance) -> None:
         """Start the transfers into `target` that it can reserve blocks for now."""
+        local = target.local
+        started = local.admit_transfers()
+        if not started:
+            return
         now = self._clock()
-        started = False
-        for request in target.local.admit_transfers():
-            source = self._source[request.request_id]
+        for request in started:
+            request_id = request.request_id
+            source = self._source[request_id]
             tokens = request.sequence_tokens - 1  # less the session history already there:
-            tokens -= target.local.transfer_reused_tokens.pop(request.request_id, 0)
+            tokens -= local.transfer_reused_tokens.pop(request_id, 0)
             num_bytes = tokens * self.perfs[source].kv_bytes_per_token
-            calls = self._transfer_calls(request, self.instances[source], target)
-            self.calls[request.request_id] = self.calls.get(request.request_id, 0) + calls
-            self.links.start(request, now, source, target.local.instance_id, num_bytes, calls)
-            self._start_s[request.request_id] = now
-            started = True
-        if started:
-            self._schedule()
+            calls = self._fixed_calls or self._transfer_calls(request, self.instances[source],
+                                                              target)
+            self.calls[request_id] = self.calls.get(request_id, 0) + calls
+            self.links.start(request, now, source, local.instance_id, num_bytes, calls)
+            self._start_s[request_id] = now
+        self._schedule()
 
     def _transfer_calls(self, request: Request, source: SimInstance,
                         target: SimInstance) -> int:
