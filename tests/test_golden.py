@@ -146,10 +146,11 @@ def test_simulate_matches_golden(name: str, tmp_path: Path) -> None:
     expected = json.loads(GOLDEN.read_text())[name]
     assert got.keys() == expected.keys()
     assert got["requests_csv_sha256"] == expected["requests_csv_sha256"]  # every request
-    # the summary's statistics within 1e-7: numpy and scipy releases round differently (a
-    # fresh install of numpy 2.4.6 and scipy 1.17.1 moved the fitted step models, so the
-    # simulated times, by up to 5e-10 relative); a change of behaviour moves them far more,
-    # and the per-request CSV above (times to the microsecond) is byte for byte
+    # the summary's statistics within 1e-7: the fitted step models depend on the BLAS
+    # kernels OpenBLAS picks for the CPU (on an AMD EPYC its default moved the simulated
+    # times by up to 5e-10 relative; OPENBLAS_CORETYPE=SkylakeX reproduces the recording
+    # exactly); a change of behaviour moves them far more, and the per-request CSV above
+    # (times to the microsecond) is byte for byte
     assert leaves(got) == pytest.approx(leaves(expected), rel=1e-7, abs=1e-12)
 
 
