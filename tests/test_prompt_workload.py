@@ -31,7 +31,12 @@ def test_a_seed_is_one_draw_and_another_seed_another():
     assert 1.7 < first.workload.mean_rate_rps < 2.3  # Poisson at 2 req/s
     assert first.workload.input_tokens.tolist() == [len(r.token_ids) for r in first.requests]
     assert (first.workload.output_tokens == 64).all()
-    assert {r.prompt.kind for r in first.requests} == {"short", "medium", "long"}
+    kinds = [r.prompt.kind for r in first.requests]
+    assert all(110 < kinds.count(k) < 160 for k in ("short", "medium", "long"))
+    skewed = [p for p in prompts if p.kind != "short" or p.template == "yes-no"]  # 1/9 short
+    mixed = PromptWorkload.draw(skewed, encode, 400, 2.0, seed=3, max_tokens=64)
+    assert 110 < sum(r.prompt.kind == "short" for r in mixed.requests) < 160  # still a third
+    assert {r.prompt.template for r in mixed.requests if r.prompt.kind == "short"} == {"yes-no"}
 
 
 def test_the_body_sends_the_prompt_sampled_with_its_seed_and_stops_at_eos():

@@ -7,9 +7,11 @@ the served model's chat template, sampled as `pdserve predictor record` samples
 (temperature 0.7, top-p 0.95, its own seed) and ended by EOS or the `max_tokens` cap: the
 output length depends on what was asked, as it did in the recording the predictor learned.
 
-`PromptWorkload.draw` picks `count` requests with Poisson arrivals at `rate_rps`, each prompt
-drawn with replacement from the given ones; the same `seed` gives the same requests, arrival
-times and sampling seeds, so contenders replay identical draws. `body` is the streaming
+`PromptWorkload.draw` picks `count` requests with Poisson arrivals at `rate_rps`; each draws a
+kind (short, medium, long) uniformly, as the whole prompt set has them in equal shares, then
+a prompt of that kind from the given ones, with replacement (a subset such as the unseen
+prompts keeps the set's mix). The same `seed` gives the same requests, arrival times and
+sampling seeds, so contenders replay identical draws. `body` is the streaming
 `/v1/completions` body for `replay(body_of=...)`. `unseen_prompts` keeps the prompts a
 trained predictor never saw a generation of (neither its training nor its validation split).
 """
@@ -59,7 +61,11 @@ class PromptWorkload:
         rng = np.random.default_rng(seed)
         arrivals = np.cumsum(rng.exponential(1.0 / rate_rps, count))
         arrivals -= arrivals[0]  # the first request at 0
-        picks = rng.integers(0, len(prompts), count)
+        kinds = sorted({p.kind for p in prompts})
+        of_kind = [[i for i, p in enumerate(prompts) if p.kind == kind] for kind in kinds]
+        chosen = rng.integers(0, len(kinds), count)
+        picks = np.array([of_kind[k][rng.integers(0, len(of_kind[k]))]
+                          for k in chosen.tolist()])
         ids = {i: tuple(encode(prompts[i].text)) for i in sorted(set(picks.tolist()))}
         requests = tuple(PromptRequest(prompts[p], ids[p], seed * SEED_STRIDE + n)
                          for n, p in enumerate(picks.tolist()))
