@@ -56,7 +56,7 @@ from pdserve.planning.outcome import Interval
 from pdserve.planning.verdict import LOSS, WIN, outcome_of
 from pdserve.predictor.hidden_state import HiddenStatePredictor
 from pdserve.predictor.prompt_workload import PromptWorkload, chat_encoder, unseen_prompts
-from pdserve.predictor.prompts import prompt_set
+from pdserve.predictor.prompts import Prompt, prompt_set
 from pdserve.predictor.record import RecordedSet
 from pdserve.types import SLO, Request
 
@@ -72,10 +72,15 @@ class Contender:
     flags: tuple[str, ...]
 
 
-def contenders(predictor: Path) -> tuple[Contender, ...]:
-    return (Contender("ares-mlp", ("--policy", "ares", "--ares-predictor",
-                                   f"hidden-state:{predictor.resolve()}")),
-            Contender("ares-history", ("--policy", "ares", "--ares-predictor", "history")),
+def contenders(predictor: Path, horizon: int | None = None) -> tuple[Contender, ...]:
+    """`horizon`: ARES's H in decode steps for both ares contenders (labelled -hH); None
+    keeps the default (`ForecastSettings.horizon_steps`, 2000)."""
+    h = () if horizon is None else ("--ares-horizon", str(horizon))
+    tag = "" if horizon is None else f"-h{horizon}"
+    return (Contender(f"ares-mlp{tag}", ("--policy", "ares", "--ares-predictor",
+                                         f"hidden-state:{predictor.resolve()}", *h)),
+            Contender(f"ares-history{tag}", ("--policy", "ares", "--ares-predictor", "history",
+                                             *h)),
             Contender("reschedule-current", ("--policy", "reschedule-current")),
             Contender("vllm", ("--policy", "vllm")))
 
@@ -219,17 +224,14 @@ def report(results: list[RunResult], labels: list[str], seeds: int) -> dict[str,
     return {label: {k: asdict(v) for k, v in row.items()} for label, row in table.items()}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny: 8 requests, 1 seed, 48-token cap (the test suite's run)")
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """The options of one run (shared with `ares_live_rounds.py`)."""
     parser.add_argument("--predictor", type=Path, default=PREDICTOR,
                         help=f"hidden-state predictor file [{PREDICTOR}]")
     parser.add_argument("--data", type=Path, default=RECORDING,
                         help=f"the recording it was trained on (for --prompts unseen) "
                         f"[{RECORDING}]")
     parser.add_argument("--prompts", choices=("unseen", "all"), default="unseen")
-    parser.add_argument("--seeds", type=int, default=5, help="draws [5]")
     parser.add_argument("--requests", type=int, default=120, help="per run [120]")
     parser.add_argument("--rate", type=float, default=1.0, help="arrivals, req/s [1.0]")
     parser.add_argument("--max-tokens", type=int, default=256, help="output cap [256]")
@@ -241,7 +243,66 @@ def main() -> int:
     parser.add_argument("--ttft-slo-x", type=float, default=10.0, help="[10]")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds a replay may take in all [900]")
+    parser.add_argument("--ares-horizon", type=int, default=None,
+                        help="ARES's horizon H (decode steps) for the ares contenders, "
+                        "labelled -hH [the default, 2000]")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of a benchmark shares: the predictor, the prompts, the profile, SLOs."""
+
+    predictor: HiddenStatePredictor
+    every_tokens: int
+    prompts: list[Prompt]
+    kinds: dict[str, int]
+    perf_file: Path
+    slo: SLO
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Setup:
+        predictor = HiddenStatePredictor.load(args.predictor)
+        prompts = prompt_set()
+        if args.prompts == "unseen":
+            prompts = unseen_prompts(prompts, RecordedSet.load(args.data),
+                                     int(predictor.meta.get("split_seed", 0)))
+        kinds = {k: sum(p.kind == k for p in prompts) for k in ("short", "medium", "long")}
+        perf_file = perf_profile(args.out, args.kv_blocks)
+        return cls(predictor, int(predictor.meta.get("every_tokens", 20)) or 20, prompts,
+                   kinds, perf_file, slo_from(PerfModel.load(perf_file), args))
+
+    def describe(self, args: argparse.Namespace) -> str:
+        return (f"{MODEL}, 1P2D, {args.kv_blocks} KV blocks ({args.kv_blocks * 16} tokens) per "
+                f"worker, max batch {args.max_batch_size}; {args.requests} requests per run at "
+                f"{args.rate} req/s, cap {args.max_tokens} tokens, {len(self.prompts)} "
+                f"{args.prompts} prompts {self.kinds}; SLO TTFT {self.slo.ttft_s:.2f} s, TPOT "
+                f"{self.slo.tpot_s * 1000:.1f} ms; predictor {args.predictor} (k = "
+                f"{self.every_tokens}, prior {self.predictor.prior_output_tokens:.0f} tokens)")
+
+
+# what must match for an earlier run's contenders to join a report
+SAME_SETTINGS = ("prompts", "requests", "rate", "max_tokens", "kv_blocks", "max_batch_size",
+                 "chunk_size", "tpot_slo_x", "ttft_slo_x", "seeds")
+
+
+def earlier_runs(path: Path, args: argparse.Namespace) -> list[RunResult]:
+    saved = json.loads(path.read_text())
+    differ = [k for k in SAME_SETTINGS if saved["settings"].get(k) != getattr(args, k)]
+    if differ:
+        raise SystemExit(f"{path} was run with other settings: {differ}")
+    return [RunResult(**run) for run in saved["runs"]]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny: 8 requests, 1 seed, 48-token cap (the test suite's run)")
+    add_run_args(parser)
+    parser.add_argument("--seeds", type=int, default=5, help="draws [5]")
     parser.add_argument("--only", help="contenders, comma-separated")
+    parser.add_argument("--with-runs", type=Path,
+                        help="an earlier run's ares_live_mlp.json (the same settings): its "
+                        "runs of the contenders not run now join the report")
     parser.add_argument("--out", type=Path, default=Path("results/ares_live_mlp"))
     args = parser.parse_args()
     if args.quick:
@@ -250,49 +311,42 @@ def main() -> int:
         parser.error("--seeds and --requests must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    predictor = HiddenStatePredictor.load(args.predictor)
-    every_tokens = int(predictor.meta.get("every_tokens", 20)) or 20
-    prompts = prompt_set()
-    if args.prompts == "unseen":
-        prompts = unseen_prompts(prompts, RecordedSet.load(args.data),
-                                 int(predictor.meta.get("split_seed", 0)))
-    kinds = {k: sum(p.kind == k for p in prompts) for k in ("short", "medium", "long")}
-    perf_file = perf_profile(args.out, args.kv_blocks)
-    slo = slo_from(PerfModel.load(perf_file), args)
-    chosen = contenders(args.predictor)
+    setup = Setup.of(args)
+    chosen = contenders(args.predictor, args.ares_horizon)
+    earlier = earlier_runs(args.with_runs, args) if args.with_runs else []
     if args.only:
         names = args.only.split(",")
         chosen = tuple(c for c in chosen if c.label in names)
         if not chosen:
             parser.error(f"--only {args.only}: no such contender")
     encode = chat_encoder(MODEL)
-    print(f"{MODEL}, 1P2D, {args.kv_blocks} KV blocks ({args.kv_blocks * 16} tokens) per "
-          f"worker, max batch {args.max_batch_size}; {args.requests} requests per run at "
-          f"{args.rate} req/s, cap {args.max_tokens} tokens, {len(prompts)} {args.prompts} "
-          f"prompts {kinds}; SLO TTFT {slo.ttft_s:.2f} s, TPOT {slo.tpot_s * 1000:.1f} ms; "
-          f"predictor {args.predictor} (k = {every_tokens}, prior "
-          f"{predictor.prior_output_tokens:.0f} tokens)", flush=True)
+    print(setup.describe(args), flush=True)
     results: list[RunResult] = []
     print(f"{'contender':<20}{'seed':>5}{'done':>9}{'preempt':>9}{'migr':>6}{'TPOT99 ms':>11}"
           f"{'TTFT99 s':>10}{'attain':>8}{'out tok':>9}{'prior %':>9}{'wall s':>8}{'load':>6}")
     for seed in range(args.seeds):
-        draw = PromptWorkload.draw(prompts, encode, args.requests, args.rate, seed,
+        draw = PromptWorkload.draw(setup.prompts, encode, args.requests, args.rate, seed,
                                    args.max_tokens)
         turn = seed % len(chosen)  # each seed starts with another contender: a drift in
         for contender in chosen[turn:] + chosen[:turn]:  # the machine's load spreads over all
-            r = run_one(contender, seed, draw, args, perf_file, slo, every_tokens)
+            r = run_one(contender, seed, draw, args, setup.perf_file, setup.slo,
+                        setup.every_tokens)
             results.append(r)
             print(f"{r.contender:<20}{r.seed:>5}{r.completed:>5}/{r.requests:<3}"
                   f"{r.preemptions:>9.0f}{r.migrations:>6.0f}{r.tpot_p99_s * 1000:>11.1f}"
                   f"{r.ttft_p99_s:>10.2f}{r.slo_attainment:>8.1%}{r.output_tokens_mean:>9.1f}"
                   f"{r.before_capture_share:>9.1%}{r.wall_s:>8.0f}{r.load_1m:>6.1f}",
                   flush=True)
-    table = report(results, [c.label for c in chosen], args.seeds)
+    labels = [c.label for c in chosen]
+    joined = [r for r in earlier if r.contender not in labels]
+    labels += list(dict.fromkeys(r.contender for r in joined))
+    table = report(results + joined, labels, args.seeds)
     wall_s = time.monotonic() - started
     out = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-           "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "prompts": len(prompts),
-           "prompt_kinds": kinds, "runs": [asdict(r) for r in results], "contenders": table,
-           "wall_s": wall_s}
+           "slo": {"ttft_s": setup.slo.ttft_s, "tpot_s": setup.slo.tpot_s},
+           "prompts": len(setup.prompts), "prompt_kinds": setup.kinds,
+           "runs": [asdict(r) for r in results], "contenders": table, "wall_s": wall_s,
+           "joined_runs_from": str(args.with_runs or "")}
     (args.out / "ares_live_mlp.json").write_text(json.dumps(out, indent=2, default=float)
                                                  + "\n")
     print(f"\ntotal {wall_s:.0f} s; wrote {args.out / 'ares_live_mlp.json'}")
