@@ -243,6 +243,9 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-slo-x", type=float, default=10.0, help="[10]")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds a replay may take in all [900]")
+    parser.add_argument("--perf-model", type=Path,
+                        help="the profile to price with and set the SLOs from (an earlier "
+                        "run's perf-N.json) [measured once per --out]")
     parser.add_argument("--ares-horizon", type=int, default=None,
                         help="ARES's horizon H (decode steps) for the ares contenders, "
                         "labelled -hH [the default, 2000]")
@@ -267,7 +270,7 @@ class Setup:
             prompts = unseen_prompts(prompts, RecordedSet.load(args.data),
                                      int(predictor.meta.get("split_seed", 0)))
         kinds = {k: sum(p.kind == k for p in prompts) for k in ("short", "medium", "long")}
-        perf_file = perf_profile(args.out, args.kv_blocks)
+        perf_file = args.perf_model or perf_profile(args.out, args.kv_blocks)
         return cls(predictor, int(predictor.meta.get("every_tokens", 20)) or 20, prompts,
                    kinds, perf_file, slo_from(PerfModel.load(perf_file), args))
 
@@ -285,9 +288,11 @@ SAME_SETTINGS = ("prompts", "requests", "rate", "max_tokens", "kv_blocks", "max_
                  "chunk_size", "tpot_slo_x", "ttft_slo_x", "seeds")
 
 
-def earlier_runs(path: Path, args: argparse.Namespace) -> list[RunResult]:
+def earlier_runs(path: Path, args: argparse.Namespace, slo: SLO) -> list[RunResult]:
     saved = json.loads(path.read_text())
     differ = [k for k in SAME_SETTINGS if saved["settings"].get(k) != getattr(args, k)]
+    if saved["slo"] != {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}:
+        differ.append("slo (pass its --perf-model)")
     if differ:
         raise SystemExit(f"{path} was run with other settings: {differ}")
     return [RunResult(**run) for run in saved["runs"]]
@@ -313,7 +318,7 @@ def main() -> int:
     started = time.monotonic()
     setup = Setup.of(args)
     chosen = contenders(args.predictor, args.ares_horizon)
-    earlier = earlier_runs(args.with_runs, args) if args.with_runs else []
+    earlier = earlier_runs(args.with_runs, args, setup.slo) if args.with_runs else []
     if args.only:
         names = args.only.split(",")
         chosen = tuple(c for c in chosen if c.label in names)
