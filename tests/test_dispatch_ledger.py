@@ -5,7 +5,6 @@ prefill it cannot see: the live-only TTFT tail of docs/results/fidelity.md)."""
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 
 import httpx
@@ -109,11 +108,14 @@ def test_live_arrivals_during_a_prefill_go_to_the_other_worker(tmp_path):
     long_prompt = "the quick brown fox jumps over the lazy dog " * 50
     with running_server(tmp_path, {"cluster.instances": 2, "policy.name": "colocated",
                                    "instance.chunk_size_tokens": 512}) as (base, driver):
-        clients = [threading.Thread(target=stream, args=(base, "Hello", 400))
+        # Long enough that the first is still decoding when the second starts on a fast box
+        # (400 tokens took 0.6 s here, and a fixed 0.3 s gap between them once lost the race).
+        clients = [threading.Thread(target=stream, args=(base, "Hello", 1500))
                    for _ in range(2)]
-        for client in clients:
-            client.start()
-            time.sleep(0.3)
+        clients[0].start()
+        assert wait_until(lambda: sum(s.running_decodes for s in driver.view.instances) == 1,
+                          60, poll_s=0.002)
+        clients[1].start()
         assert wait_until(lambda: all(s.running_decodes == 1 for s in driver.view.instances),
                           60)
         background = set(driver.live)

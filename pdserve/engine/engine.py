@@ -366,7 +366,7 @@ class Engine:
         if prompt_rows:
             batch.extra_rows = torch.tensor([row for _, row, _ in prompt_rows])
         if self.decode_graphs is not None and self.decode_graphs.fits(batch):
-            logits, hidden = self.decode_graphs.run(batch)  # fresh copies of the graph's
+            logits, hidden = self.decode_graphs.run(batch)  # copies of the graph outputs
         else:
             if not self.where.on_cpu:
                 batch = on_device(batch, self.where.torch_device)
