@@ -6,7 +6,9 @@ server that accepts token prompts) and whose `max_tokens` is the trace's output 
 `ignore_eos` (vLLM's extension, which pdserve also takes) so outputs have that length.
 Times are taken on the client: TTFT at the first streamed text, the end at the last chunk,
 and the output length from the final usage chunk. The result is a list of `Request`
-records, scored by `pdserve.metrics.summary` exactly like a simulated run.
+records, scored by `pdserve.metrics.summary` exactly like a simulated run. A caller with
+real prompts passes `body_of` (request, model -> the JSON body) instead: its requests may
+stop at EOS, and their output length is what the server generated.
 
 Bounded: at most `max_in_flight` requests at once (later ones wait, their TTFT includes
 it) and `timeout_s` for the whole replay; whatever has not finished by then is recorded as
@@ -21,6 +23,7 @@ import math
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -38,13 +41,20 @@ def prompt_ids(request: Request) -> list[int]:
 
 # request id -> (the response's id, sent, first text received), `time.monotonic()` times
 ClientTimeline = dict[int, tuple[str, float, float]]
+# (request, model) -> the streaming `/v1/completions` body to send for it
+RequestBody = Callable[[Request, str], dict[str, Any]]
 
 
-async def _one(client: httpx.AsyncClient, model: str, request: Request, origin: float,
-               gate: asyncio.Semaphore, timeline: ClientTimeline | None = None) -> None:
-    body = {"model": model, "prompt": prompt_ids(request), "max_tokens": request.output_tokens,
+def trace_body(request: Request, model: str) -> dict[str, Any]:
+    """A trace's request: token ids of its input length, exactly its output length."""
+    return {"model": model, "prompt": prompt_ids(request), "max_tokens": request.output_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
+
+
+async def _one(client: httpx.AsyncClient, body: dict[str, Any], request: Request,
+               origin: float, gate: asyncio.Semaphore,
+               timeline: ClientTimeline | None = None) -> None:
     async with gate:
         sent_s = time.monotonic()
         try:
@@ -80,7 +90,8 @@ async def _one(client: httpx.AsyncClient, model: str, request: Request, origin: 
 async def replay(url: str, workload: Workload, model: str, timeout_s: float,
                  max_in_flight: int = 256, api_key: str | None = None,
                  on_progress: Callable[[int], None] | None = None,
-                 timeline: ClientTimeline | None = None) -> list[Request]:
+                 timeline: ClientTimeline | None = None,
+                 body_of: RequestBody = trace_body) -> list[Request]:
     requests = workload.requests()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     gate = asyncio.Semaphore(max_in_flight)
@@ -99,8 +110,8 @@ async def replay(url: str, workload: Workload, model: str, timeout_s: float,
                 break
             if wait > 0:
                 await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(_one(client, model, request, origin, gate,
-                                                  timeline)))
+            tasks.append(asyncio.create_task(_one(client, body_of(request, model), request,
+                                                  origin, gate, timeline)))
         pending = set(tasks)
         while pending and time.monotonic() < deadline:
             done, pending = await asyncio.wait(pending, timeout=min(

@@ -10,10 +10,17 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pdserve.live.replay_client import ClientTimeline, free_port, replay, wait_until_healthy
+from pdserve.live.replay_client import (
+    ClientTimeline,
+    RequestBody,
+    free_port,
+    replay,
+    trace_body,
+    wait_until_healthy,
+)
 from pdserve.types import SLO, Request
 from pdserve.workload.workload import Workload
 
@@ -23,12 +30,15 @@ def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], per
                      chunk_size_tokens: int, max_batch_size: int,
                      env: dict[str, str] | None = None,
                      timeline: ClientTimeline | None = None,
-                     server_log: Path | None = None) -> list[Request]:
+                     server_log: Path | None = None, body_of: RequestBody = trace_body,
+                     before_stop: Callable[[str], None] | None = None) -> list[Request]:
     """One live run: a fresh server with `instances` workers and the given policy flags
     (e.g. `["--policy", "static-pd", "--prefill", "1", "--decode", "1"]`); `env` adds
     environment variables for the server and its workers; `timeline` collects each
     request's response id, send and first-text times (`bench.client.replay`); the server's
-    output goes to `server_log` when given (else nowhere)."""
+    output goes to `server_log` when given (else nowhere); `body_of` builds each request's
+    body (`replay`: a trace's token ids by default); `before_stop(base_url)` runs after the
+    replay, while the server still answers (e.g. to read its /metrics)."""
     port = free_port()
     command = [sys.executable, "-m", "pdserve.cli", "serve", "--model", model,
                "--instances", str(instances), *policy_args, "--port", str(port),
@@ -42,7 +52,11 @@ def serve_and_replay(model: str, instances: int, policy_args: Sequence[str], per
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(base, 180, lambda: server.poll() is None)
-        return asyncio.run(replay(base, workload, model, timeout_s, timeline=timeline))
+        requests = asyncio.run(replay(base, workload, model, timeout_s, timeline=timeline,
+                                      body_of=body_of))
+        if before_stop is not None:
+            before_stop(base)
+        return requests
     finally:
         server.terminate()
         try:
