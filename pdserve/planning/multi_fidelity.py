@@ -110,7 +110,7 @@ class MultiFidelitySearch:
         lists = []
         for keys in self._spaces().values():
             by_deployment: dict[object, list[int]] = {}
-            for key in sorted(keys, key=lambda k: -self.records[k].screen.goodput_rps):
+            for key in sorted(keys, key=lambda k: self._screen_rank(k)):
                 by_deployment.setdefault(self.records[key].candidate.deployment, []).append(key)
             groups = _distinct_prices_first(
                 list(by_deployment.values()),
@@ -125,6 +125,12 @@ class MultiFidelitySearch:
             chosen += [g[0] for g in groups[half:]]
             lists.append(list(dict.fromkeys(chosen))[:self.budget.shortlist])
         return _interleave(lists)
+
+    def _screen_rank(self, key: int) -> tuple[float, float]:
+        """Best first by the screen's goodput; where the screen meets the SLOs at no rate,
+        by the rate the deployment keeps up with (its short run checks the screen's zero)."""
+        screen = self.records[key].screen
+        return (-screen.goodput_rps, -screen.capacity_rps if screen.goodput_rps <= 0 else 0.0)
 
     def _space_bests(self) -> list[int]:
         """Each space's best short run, best first, twins of a better one left out."""
@@ -182,8 +188,11 @@ class MultiFidelitySearch:
         record = self.records[key]
         if fidelity is self.budget.long and record.short:
             guess = record.short.goodput_rps
-        else:
+        elif record.screen.goodput_rps > 0:
             guess = record.screen.goodput_rps
+        else:  # the screen's SLOs fail at every rate: search down from what keeps up, not
+            #    up from 0.001 req/s, where each step replays hours of near-idle arrivals
+            guess = record.screen.capacity_rps
         return Trial(key, record.candidate, fidelity, seed, guess)
 
     def _twin(self, key: int, other: int) -> bool:

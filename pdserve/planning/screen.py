@@ -20,10 +20,19 @@ prefill at that load (its chunks in batches with the group's decodes, no waiting
 transfer when it moves; its TPOT is t. The screen's goodput is the highest rate at which the
 instances keep up and at least the target fraction of the workload's requests meet both SLOs.
 
+Session rounds (`workload/sessions.py`) carry their history: on a prefill-only instance a
+round reads the history from the instance that holds it and computes only its new tokens
+(`cluster/sessions.py`, READ), so there the screen prices the new tokens, with the history
+as attention context and history plus new tokens as the KV moved; on an instance that also
+decodes it prices the whole input (RECOMPUTE, where a router without session affinity sends
+most rounds; pessimistic for a round that lands on its history's instance). Without this a
+session workload's every deployment screened at 0 (AMPD's ToolBench: P90 input 4,003
+tokens, of which 1,200 are new), and the planner simulated none of them in its time.
+
 What it leaves out, and the simulations catch: queueing (bursts, the rate's variance), the
 policies' dynamics (flips, migrations, reordering), preemption, contended links, prefix
-caches and sessions' history. Its error against the short simulations is measured on every
-plan and reported (`PlanResult.screen_error`).
+caches and where each session round lands. Its error against the short simulations is
+measured on every plan and reported (`PlanResult.screen_error`).
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import numpy as np
 
 from pdserve.perf.fitted import PerfModel
 from pdserve.planning.candidates import Deployment, InstanceGroup
-from pdserve.types import SLO
+from pdserve.types import SLO, attn_units
 from pdserve.workload.workload import Workload
 
 QUANTILES = 64  # input lengths the TTFT check prices (evenly spaced quantiles)
@@ -46,24 +55,56 @@ RATE_PRECISION = 0.005  # the goodput bisection stops within this (relative)
 
 
 @dataclass(frozen=True)
+class PrefillShape:
+    """The prefills one kind of instance computes: each a number of new tokens after a
+    context already held (0 for a whole prompt)."""
+
+    quantiles: tuple[tuple[int, int], ...]  # QUANTILES of (new tokens, context), by new
+    mean_tokens: float  # E[N]
+    attn_units_per_token: float  # E[N (N + 2 H)] / E[N]: attention units per new token
+
+    @classmethod
+    def of(cls, new: np.ndarray, context: np.ndarray) -> PrefillShape:
+        """Quantiles of the new tokens, each with the mean context of the prefills whose
+        new tokens fall nearest it (0 where none has one)."""
+        points = (np.arange(QUANTILES) + 0.5) / QUANTILES
+        quantiles = np.quantile(new, points)
+        if context.any():
+            order = np.argsort(new, kind="stable")
+            bins = np.array_split(context[order], QUANTILES)
+            contexts = [int(round(b.mean())) if len(b) else 0 for b in bins]
+        else:
+            contexts = [0] * QUANTILES
+        return cls(tuple((int(q), h) for q, h in zip(quantiles, contexts, strict=True)),
+                   float(new.mean()), float((new * (new + 2 * context)).mean() / new.mean()))
+
+
+@dataclass(frozen=True)
 class WorkloadShape:
     """What the screen reads off a workload: its lengths."""
 
-    input_quantiles: tuple[int, ...]  # QUANTILES evenly spaced quantiles of the input length
-    mean_input: float
+    whole: PrefillShape  # every input computed whole (an instance that also decodes)
+    after_history: PrefillShape  # session rounds' new tokens after their history (a
+    #   prefill-only instance); the same as `whole` for a workload without sessions
     mean_output: float
-    attn_units_per_token: float  # E[I^2] / E[I]: a prefill's attention units per token
     decode_context: float  # the mean context a decoding sequence holds: E[O (I + O/2)] / E[O]
 
     @classmethod
     def of(cls, workload: Workload) -> WorkloadShape:
         requests = workload.requests()
         inputs = np.array([r.input_tokens for r in requests], dtype=float)
+        history = np.array([min(r.history_tokens, r.input_tokens - 1) if r.history_tokens > 0
+                            else 0 for r in requests], dtype=float)
         outputs = np.array([max(1, r.output_tokens) for r in requests], dtype=float)
-        quantiles = np.quantile(inputs, (np.arange(QUANTILES) + 0.5) / QUANTILES)
-        return cls(tuple(int(q) for q in quantiles), float(inputs.mean()),
-                   float(outputs.mean()), float((inputs ** 2).mean() / inputs.mean()),
+        whole = PrefillShape.of(inputs, np.zeros_like(inputs))
+        after = PrefillShape.of(inputs - history, history) if history.any() else whole
+        return cls(whole, after, float(outputs.mean()),
                    float((outputs * (inputs + outputs / 2)).mean() / outputs.mean()))
+
+    def prefills(self, group: InstanceGroup) -> PrefillShape:
+        """What `group`'s prefills compute: a prefill-only instance reads a round's history
+        and computes its new tokens; one that also decodes computes the whole input."""
+        return self.whole if group.decode else self.after_history
 
 
 @dataclass(frozen=True)
@@ -112,7 +153,7 @@ class Screen:
             return None
         if not group.prefill:
             return load.step_s
-        quantiles = self.shape.input_quantiles
+        quantiles = self.shape.prefills(group).quantiles
         return self._ttft_s(group, load, quantiles[int(0.9 * len(quantiles))], True)
 
     # ---- one instance at a load ----
@@ -120,8 +161,9 @@ class Screen:
               ) -> _GroupLoad | None:
         """The instance's steady state, or None when it cannot keep up."""
         perf, shape = self.perf(group.tp), self.shape
+        prefills = shape.prefills(group)
         a = decode_rps * shape.mean_output
-        b = prefill_rps * shape.mean_input
+        b = prefill_rps * prefills.mean_tokens
         bound = self.slo.tpot_s if group.decode and a > 0 else 60.0
         mixed = group.prefill and group.decode
         t = 0.0
@@ -133,7 +175,7 @@ class Screen:
             else:
                 following = perf.batch_time_s(batch, int(batch * shape.decode_context),
                                               round(tokens),
-                                              int(tokens * shape.attn_units_per_token))
+                                              int(tokens * prefills.attn_units_per_token))
             if following > bound:
                 return None
             if following <= t * (1 + 1e-6):  # converged (or a size table's dip: stay)
@@ -154,26 +196,31 @@ class Screen:
         cut into chunks of the budget the decodes leave (at most a mean prompt), and each
         step that carries one costs the chunk's prefill time beyond the shared overhead."""
         perf, shape = self.perf(group.tp), self.shape
-        chunk = max(1, min(group.chunk_tokens - batch, round(shape.mean_input)))
+        prefills = shape.prefills(group)
+        chunk = max(1, min(group.chunk_tokens - batch, round(prefills.mean_tokens)))
         context = int(batch * shape.decode_context)
-        extra = (perf.batch_time_s(batch, context, chunk, int(chunk * shape.attn_units_per_token))
+        extra = (perf.batch_time_s(batch, context, chunk,
+                                   int(chunk * prefills.attn_units_per_token))
                  - perf.batch_time_s(batch, context, 0, 0))
         return extra / chunk
 
-    def _ttft_s(self, group: InstanceGroup, load: _GroupLoad, input_tokens: int,
+    def _ttft_s(self, group: InstanceGroup, load: _GroupLoad, prefill: tuple[int, int],
                 moves_kv: bool) -> float:
-        """One prompt's prefill at the group's load, chunk by chunk, with no waiting."""
+        """One prefill of (new tokens, context held) at the group's load, chunk by chunk,
+        with no waiting; its KV moved (the context read in, the whole sent on) when
+        `moves_kv`."""
         perf, shape = self.perf(group.tp), self.shape
+        new_tokens, held = prefill
         batch = math.ceil(load.batch) if group.decode else 0
         per_step = max(1, group.chunk_tokens - batch)
         done, total = 0, 0.0
         context = int(batch * shape.decode_context)
-        while done < input_tokens:
-            chunk = min(per_step, input_tokens - done)
-            total += perf.batch_time_s(batch, context, chunk, chunk * (chunk + 2 * done))
+        while done < new_tokens:
+            chunk = min(per_step, new_tokens - done)
+            total += perf.batch_time_s(batch, context, chunk, attn_units(chunk, held + done))
             done += chunk
         if moves_kv:
-            total += perf.transfer_time_s(input_tokens)
+            total += perf.transfer_time_s(held + new_tokens)
         return total
 
     # ---- a deployment at a rate ----
@@ -220,8 +267,8 @@ class Screen:
         out = []
         for group, load, share in zip(deployment.groups, loads, prefill_split, strict=True):
             if share > 0:
-                out += [(self._ttft_s(group, load, n, deployment.moves_kv), share)
-                        for n in self.shape.input_quantiles]
+                out += [(self._ttft_s(group, load, q, deployment.moves_kv), share)
+                        for q in self.shape.prefills(group).quantiles]
         return out
 
     def _attainment(self, deployment: Deployment, loads: list[_GroupLoad],
@@ -229,10 +276,11 @@ class Screen:
         if any(load.step_s > self.slo.tpot_s for g, load in zip(deployment.groups, loads,
                                                                  strict=True) if g.decode):
             return 0.0
-        quantiles, moves_kv, met = self.shape.input_quantiles, deployment.moves_kv, 0.0
+        moves_kv, met = deployment.moves_kv, 0.0
         for group, load, share in zip(deployment.groups, loads, prefill_split, strict=True):
             if share <= 0:
                 continue
+            quantiles = self.shape.prefills(group).quantiles
             low, high = 0, len(quantiles)  # TTFT grows with the prompt: bisect the quantiles
             while low < high:
                 middle = (low + high) // 2
