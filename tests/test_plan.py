@@ -335,9 +335,13 @@ def test_the_screen_prices_a_session_round_on_a_prefill_instance_at_its_new_toke
     whole_priced = replace(shape, after_history=shape.whole)
     assert Screen(perfs, whole_priced, SLO(0.35, 0.040), 0.9, 256).estimate(
         one_p_one_d).goodput_rps == 0.0
+    # two colocated instances: a round may land away from its history and recompute it
     colocated = Deployment((InstanceGroup(2, 4, 2048, True, True),))
-    assert screen.estimate(colocated) == Screen(perfs, whole_priced, SLO(0.35, 0.040), 0.9,
-                                                256).estimate(colocated)
+    whole_screen = Screen(perfs, whole_priced, SLO(0.35, 0.040), 0.9, 256)
+    assert screen.estimate(colocated) == whole_screen.estimate(colocated)
+    # one instance: every round finds its history there
+    alone = Deployment((InstanceGroup(1, 8, 2048, True, True),))
+    assert screen.estimate(alone).goodput_rps > 1.5 * whole_screen.estimate(alone).goodput_rps
 
 
 def test_the_planner_answers_for_a_session_workload():

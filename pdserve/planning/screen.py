@@ -25,7 +25,8 @@ round reads the history from the instance that holds it and computes only its ne
 (`cluster/sessions.py`, READ), so there the screen prices the new tokens, with the history
 as attention context and history plus new tokens as the KV moved; on an instance that also
 decodes it prices the whole input (RECOMPUTE, where a router without session affinity sends
-most rounds; pessimistic for a round that lands on its history's instance). Without this a
+most rounds; pessimistic for a round that lands on its history's instance), except on the
+one instance of a deployment, where every round finds its history (LOCAL). Without this a
 session workload's every deployment screened at 0 (AMPD's ToolBench: P90 input 4,003
 tokens, of which 1,200 are new), and the planner simulated none of them in its time.
 
@@ -101,10 +102,12 @@ class WorkloadShape:
         return cls(whole, after, float(outputs.mean()),
                    float((outputs * (inputs + outputs / 2)).mean() / outputs.mean()))
 
-    def prefills(self, group: InstanceGroup) -> PrefillShape:
+    def prefills(self, group: InstanceGroup, alone: bool = False) -> PrefillShape:
         """What `group`'s prefills compute: a prefill-only instance reads a round's history
-        and computes its new tokens; one that also decodes computes the whole input."""
-        return self.whole if group.decode else self.after_history
+        and computes its new tokens, and so does the one instance of a deployment (`alone`:
+        every round lands where its history is); an instance that also decodes among others
+        computes the whole input."""
+        return self.whole if group.decode and not alone else self.after_history
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ class Screen:
         P90 prompt's TTFT (its KV transfer included), or the decode step time (TPOT); None
         when it cannot keep up."""
         load = self._load(group, rate_rps if group.prefill else 0.0,
-                          0.0 if group.prefill else rate_rps)
+                          0.0 if group.prefill else rate_rps, False)
         if load is None:
             return None
         if not group.prefill:
@@ -157,11 +160,11 @@ class Screen:
         return self._ttft_s(group, load, quantiles[int(0.9 * len(quantiles))], True)
 
     # ---- one instance at a load ----
-    def _load(self, group: InstanceGroup, prefill_rps: float, decode_rps: float
-              ) -> _GroupLoad | None:
+    def _load(self, group: InstanceGroup, prefill_rps: float, decode_rps: float,
+              alone: bool) -> _GroupLoad | None:
         """The instance's steady state, or None when it cannot keep up."""
         perf, shape = self.perf(group.tp), self.shape
-        prefills = shape.prefills(group)
+        prefills = shape.prefills(group, alone)
         a = decode_rps * shape.mean_output
         b = prefill_rps * prefills.mean_tokens
         bound = self.slo.tpot_s if group.decode and a > 0 else 60.0
@@ -171,7 +174,7 @@ class Screen:
             batch, tokens = math.ceil(a * t), b * t
             if mixed:  # decode steps, a prefill chunk's cost spread over the steps
                 following = (perf.batch_time_s(batch, int(batch * shape.decode_context), 0, 0)
-                             + tokens * self._chunk_cost_s(group, batch))
+                             + tokens * self._chunk_cost_s(group, batch, alone))
             else:
                 following = perf.batch_time_s(batch, int(batch * shape.decode_context),
                                               round(tokens),
@@ -191,12 +194,12 @@ class Screen:
             return None
         return _GroupLoad(t, batch, tokens)
 
-    def _chunk_cost_s(self, group: InstanceGroup, batch: int) -> float:
+    def _chunk_cost_s(self, group: InstanceGroup, batch: int, alone: bool) -> float:
         """Per prefill token, what a chunk adds to a step of `batch` decodes: prompts are
         cut into chunks of the budget the decodes leave (at most a mean prompt), and each
         step that carries one costs the chunk's prefill time beyond the shared overhead."""
         perf, shape = self.perf(group.tp), self.shape
-        prefills = shape.prefills(group)
+        prefills = shape.prefills(group, alone)
         chunk = max(1, min(group.chunk_tokens - batch, round(prefills.mean_tokens)))
         context = int(batch * shape.decode_context)
         extra = (perf.batch_time_s(batch, context, chunk,
@@ -253,7 +256,7 @@ class Screen:
         loads = []
         for group, p_share, d_share in zip(deployment.groups, *split, strict=True):
             load = self._load(group, rate_rps * p_share / group.count,
-                              rate_rps * d_share / group.count)
+                              rate_rps * d_share / group.count, _alone(deployment))
             if load is None:
                 return None
             loads.append(load)
@@ -268,7 +271,7 @@ class Screen:
         for group, load, share in zip(deployment.groups, loads, prefill_split, strict=True):
             if share > 0:
                 out += [(self._ttft_s(group, load, q, deployment.moves_kv), share)
-                        for q in self.shape.prefills(group).quantiles]
+                        for q in self.shape.prefills(group, _alone(deployment)).quantiles]
         return out
 
     def _attainment(self, deployment: Deployment, loads: list[_GroupLoad],
@@ -280,7 +283,7 @@ class Screen:
         for group, load, share in zip(deployment.groups, loads, prefill_split, strict=True):
             if share <= 0:
                 continue
-            quantiles = self.shape.prefills(group).quantiles
+            quantiles = self.shape.prefills(group, _alone(deployment)).quantiles
             low, high = 0, len(quantiles)  # TTFT grows with the prompt: bisect the quantiles
             while low < high:
                 middle = (low + high) // 2
@@ -353,3 +356,8 @@ class Screen:
         tpot = max((load.step_s for g, load in zip(deployment.groups, loads, strict=True)
                     if g.decode), default=math.nan)
         return ScreenEstimate(goodput, capacity, p50, p90, tpot)
+
+
+def _alone(deployment: Deployment) -> bool:
+    """One instance serves everything: every session round lands where its history is."""
+    return sum(g.count for g in deployment.groups) == 1
