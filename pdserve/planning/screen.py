@@ -28,7 +28,7 @@ decodes it prices the whole input (RECOMPUTE, where a router without session aff
 most rounds; pessimistic for a round that lands on its history's instance), except on the
 one instance of a deployment, where every round finds its history (LOCAL). Without this a
 session workload's every deployment screened at 0 (AMPD's ToolBench: P90 input 4,003
-tokens, of which 1,200 are new), and the planner simulated none of them in its time.
+tokens, P90 new tokens 1,224), and the planner simulated none of them in its time.
 
 What it leaves out, and the simulations catch: queueing (bursts, the rate's variance), the
 policies' dynamics (flips, migrations, reordering), preemption, contended links, prefix
