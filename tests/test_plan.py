@@ -270,6 +270,25 @@ def test_confirmations_prefer_distinct_deployments_and_challengers_follow():
     assert search.challengers() == []
 
 
+def test_a_search_cut_between_its_stages_says_it_stopped_at_the_limit():
+    """The deadline may fall after the last short trial ended and before the long stage was
+    built: nothing is running or queued, yet the confirmations never ran (a fresh-clone CI
+    run reported such a search as finished)."""
+    from pdserve.planning.fidelity import TrialResult
+    from pdserve.planning.multi_fidelity import MultiFidelitySearch
+
+    shape = WorkloadShape.of(load_workload(PREFILL_HEAVY))
+    screen = Screen(H800_8B, shape, SLO(2.0, 0.012), 0.9, 256)
+    candidates = [enumerate_candidates(SEARCH_SPACES[name], 2, [1])[0]
+                  for name in ("static-pd", "colocated")]
+    search = MultiFidelitySearch(PREFILL_HEAVY, candidates, screen, budget(10.0, 2, 2))
+    assert not search._unfinished("draining", 0, 0)  # no short result: nothing to confirm
+    search._store(TrialResult(0, "short", 0, 10.0, 0.1, 0.2, 0.01, 0.01, 4, 100, 1.0))
+    assert search._unfinished("draining", 0, 0) and search._unfinished("short", 0, 0)
+    assert search._unfinished("long", 1, 0) and search._unfinished("long", 0, 2)
+    assert not search._unfinished("long", 0, 0)
+
+
 def test_a_synthetic_workload_is_drawn_as_long_as_the_runs_need_unless_capped(tmp_path):
     """A synthetic workload is lengths and a rate: without --synthetic-requests the planner
     draws what each run needs (a capped one measures a burst: 128/1024 tokens held 341 req/s

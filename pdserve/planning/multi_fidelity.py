@@ -225,7 +225,7 @@ class MultiFidelitySearch:
             while True:
                 now = time.monotonic()
                 if now >= deadline:
-                    stopped = bool(in_flight or queue)
+                    stopped = self._unfinished(stage, len(in_flight), len(queue))
                     break
                 if stage == "short" and (not queue or now >= short_until):
                     queue, stage = [], "draining"  # the short stage takes nothing new
@@ -255,6 +255,12 @@ class MultiFidelitySearch:
             pool.terminate()
             pool.join()
         return SearchOutcome(self.records, time.monotonic() - self._started, stopped)
+
+    def _unfinished(self, stage: str, running: int, queued: int) -> bool:
+        """Whether work was left at the deadline: trials running or queued, or, before the
+        long stage began, confirmations to run (the last short trial may end just before
+        the deadline, with nothing running or queued and the long stage not yet built)."""
+        return bool(running or queued) or (stage != "long" and bool(self.confirm_list()))
 
     def _report(self, total_short: int, stage: str, running: int, queued: int) -> None:
         short = sum(1 for r in self.records if r.short is not None)
