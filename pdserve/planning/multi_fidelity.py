@@ -191,7 +191,7 @@ class MultiFidelitySearch:
         elif record.screen.goodput_rps > 0:
             guess = record.screen.goodput_rps
         else:  # the screen's SLOs fail at every rate: search down from what keeps up, not
-            #    up from 0.001 req/s, where each step replays hours of near-idle arrivals
+            #    down from 0.001 req/s, where each step replays days of near-idle arrivals
             guess = record.screen.capacity_rps
         return Trial(key, record.candidate, fidelity, seed, guess)
 
