@@ -365,7 +365,7 @@ def test_the_screen_prices_a_session_round_on_a_prefill_instance_at_its_new_toke
 
 def test_the_planner_answers_for_a_session_workload():
     """Every deployment of these sessions once screened at 0, and the planner simulated none
-    in 240 s: each trial searched down from 0.001 sessions/s, where a run spans days."""
+    in 240 s: each trial searched down from 0.001 req/s, where a run spans days."""
     outcome, screened = planner.search(TOOLBENCH, "ampd,dynamo", 8, budget(60.0, seeds=2))
     assert screened > 100 and not outcome.stopped_at_limit
     result = verdict(policy_rows(outcome))
