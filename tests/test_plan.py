@@ -348,7 +348,7 @@ def test_the_screen_prices_a_session_round_on_a_prefill_instance_at_its_new_toke
     one_p_one_d = Deployment((InstanceGroup(1, 4, 2048, True, False),
                               InstanceGroup(1, 4, 2048, False, True)))
     estimate = screen.estimate(one_p_one_d)
-    # the paper's deployment serves these SLOs (simulated: 5.3 sessions/s, docs/results/
+    # the paper's deployment serves these SLOs (simulated: 5.4 req/s, docs/results/
     # verdicts.md); priced as whole inputs (P90 ~4,000 tokens) it met them at no rate
     assert estimate.goodput_rps > 0 and estimate.ttft_p90_s <= 0.35
     whole_priced = replace(shape, after_history=shape.whole)
