@@ -75,3 +75,16 @@ def test_verdicts_lists_every_comparison_and_claim() -> None:
     out = run_script("bench/verdicts.py", "--list")
     for paper in ("Arrow", "ARES", "AMPD", "TaiChi", "FlowKV"):
         assert out.count(f"    {paper}:") >= 3
+
+
+def test_ampd_local_prefills_shows_ampd_prefilling_on_its_decode_worker_only_under_load():
+    """bench/ampd_local_prefills.py's figures (verdicts.md's AMPD rows): at 30 rounds/s
+    Alg. 1 prefills nothing locally and attains like dynamo; at 40 it sends rounds to the
+    decode worker and its TPOT P90 passes the 40 ms SLO, where dynamo's does not."""
+    out = run_script("bench/ampd_local_prefills.py", "--sessions", "1500", "--rates", "30,40")
+    rows = {(f[0], float(f[1])): f for f in (line.split() for line in out.splitlines()[1:])}
+    assert set(rows) == {(p, r) for p in ("ampd", "dynamo") for r in (30.0, 40.0)}
+    assert rows[("ampd", 30.0)][5] == "0" and rows[("dynamo", 40.0)][5] == "0"
+    assert int(rows[("ampd", 40.0)][5]) > 0
+    assert float(rows[("ampd", 40.0)][4]) > 40.0 > float(rows[("dynamo", 40.0)][4])
+    assert float(rows[("ampd", 40.0)][2]) < float(rows[("dynamo", 40.0)][2])
