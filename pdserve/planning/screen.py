@@ -150,21 +150,21 @@ class Screen:
         """One instance of a prefill-only or decode-only `group` carrying `rate_rps`: the
         P90 prompt's TTFT (its KV transfer included), or the decode step time (TPOT); None
         when it cannot keep up."""
+        prefills = self.shape.prefills(group)
         load = self._load(group, rate_rps if group.prefill else 0.0,
-                          0.0 if group.prefill else rate_rps, False)
+                          0.0 if group.prefill else rate_rps, prefills)
         if load is None:
             return None
         if not group.prefill:
             return load.step_s
-        quantiles = self.shape.prefills(group).quantiles
+        quantiles = prefills.quantiles
         return self._ttft_s(group, load, quantiles[int(0.9 * len(quantiles))], True)
 
     # ---- one instance at a load ----
     def _load(self, group: InstanceGroup, prefill_rps: float, decode_rps: float,
-              alone: bool) -> _GroupLoad | None:
+              prefills: PrefillShape) -> _GroupLoad | None:
         """The instance's steady state, or None when it cannot keep up."""
         perf, shape = self.perf(group.tp), self.shape
-        prefills = shape.prefills(group, alone)
         a = decode_rps * shape.mean_output
         b = prefill_rps * prefills.mean_tokens
         bound = self.slo.tpot_s if group.decode and a > 0 else 60.0
@@ -174,7 +174,7 @@ class Screen:
             batch, tokens = math.ceil(a * t), b * t
             if mixed:  # decode steps, a prefill chunk's cost spread over the steps
                 following = (perf.batch_time_s(batch, int(batch * shape.decode_context), 0, 0)
-                             + tokens * self._chunk_cost_s(group, batch, alone))
+                             + tokens * self._chunk_cost_s(group, batch, prefills))
             else:
                 following = perf.batch_time_s(batch, int(batch * shape.decode_context),
                                               round(tokens),
@@ -194,12 +194,12 @@ class Screen:
             return None
         return _GroupLoad(t, batch, tokens)
 
-    def _chunk_cost_s(self, group: InstanceGroup, batch: int, alone: bool) -> float:
+    def _chunk_cost_s(self, group: InstanceGroup, batch: int, prefills: PrefillShape
+                      ) -> float:
         """Per prefill token, what a chunk adds to a step of `batch` decodes: prompts are
         cut into chunks of the budget the decodes leave (at most a mean prompt), and each
         step that carries one costs the chunk's prefill time beyond the shared overhead."""
         perf, shape = self.perf(group.tp), self.shape
-        prefills = shape.prefills(group, alone)
         chunk = max(1, min(group.chunk_tokens - batch, round(prefills.mean_tokens)))
         context = int(batch * shape.decode_context)
         extra = (perf.batch_time_s(batch, context, chunk,
@@ -227,6 +227,12 @@ class Screen:
         return total
 
     # ---- a deployment at a rate ----
+    def _prefills(self, deployment: Deployment, group: InstanceGroup) -> PrefillShape:
+        """What `group`'s prefills compute in `deployment`: one instance alone serves every
+        session round where its history is."""
+        alone = sum(g.count for g in deployment.groups) == 1
+        return self.shape.prefills(group, alone)
+
     def _shares(self, deployment: Deployment) -> list[tuple[list[float], list[float]]]:
         """Ways to split prefills and decodes across the groups (fractions of the rate)."""
         groups = deployment.groups
@@ -256,7 +262,8 @@ class Screen:
         loads = []
         for group, p_share, d_share in zip(deployment.groups, *split, strict=True):
             load = self._load(group, rate_rps * p_share / group.count,
-                              rate_rps * d_share / group.count, _alone(deployment))
+                              rate_rps * d_share / group.count,
+                              self._prefills(deployment, group))
             if load is None:
                 return None
             loads.append(load)
@@ -271,7 +278,7 @@ class Screen:
         for group, load, share in zip(deployment.groups, loads, prefill_split, strict=True):
             if share > 0:
                 out += [(self._ttft_s(group, load, q, deployment.moves_kv), share)
-                        for q in self.shape.prefills(group, _alone(deployment)).quantiles]
+                        for q in self._prefills(deployment, group).quantiles]
         return out
 
     def _attainment(self, deployment: Deployment, loads: list[_GroupLoad],
@@ -283,7 +290,7 @@ class Screen:
         for group, load, share in zip(deployment.groups, loads, prefill_split, strict=True):
             if share <= 0:
                 continue
-            quantiles = self.shape.prefills(group, _alone(deployment)).quantiles
+            quantiles = self._prefills(deployment, group).quantiles
             low, high = 0, len(quantiles)  # TTFT grows with the prompt: bisect the quantiles
             while low < high:
                 middle = (low + high) // 2
@@ -356,8 +363,3 @@ class Screen:
         tpot = max((load.step_s for g, load in zip(deployment.groups, loads, strict=True)
                     if g.decode), default=math.nan)
         return ScreenEstimate(goodput, capacity, p50, p90, tpot)
-
-
-def _alone(deployment: Deployment) -> bool:
-    """One instance serves everything: every session round lands where its history is."""
-    return sum(g.count for g in deployment.groups) == 1
