@@ -13,14 +13,10 @@ instance (the rest go to a prefill instance; dynamo prefills every round remotel
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verdicts import ampd_prompt_base
 
-from verdicts import ampd_prompt_base  # noqa: E402
-
-from pdserve.sim.runner import Experiment  # noqa: E402
+from pdserve.sim.runner import Experiment
 
 DEPLOYMENT = {"perf.tp": 2, "cluster.prefill": 3, "cluster.decode": 1,
               "instance.chunk_size_tokens": 2048}
