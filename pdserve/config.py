@@ -71,6 +71,7 @@ class WorkloadConfig:
     start_s: float = 0.0
     duration_s: float | None = None  # None: to the end
     max_requests: int | None = None  # None: all
+    repeat: int = 1  # the trace replayed this many times end to end, before the window
     # synthetic requests; for a session workload, sessions started at the rate per second
     synthetic_requests: int = 1000
     synthetic_rate_rps: float = 10.0
@@ -80,7 +81,7 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "workload", "rate_scale", "synthetic_requests", "synthetic_rate_rps",
-                  "synthetic_cv")
+                  "synthetic_cv", "repeat")
         for name in ("duration_s", "max_requests"):
             value = getattr(self, name)
             if value is not None and not value > 0:

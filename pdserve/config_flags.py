@@ -134,6 +134,8 @@ WORKLOAD_FLAGS = (
          shown="all", type=float),
     Flag("--max-requests", "workload.max_requests", "keep at most this many requests",
          shown="all", type=int),
+    Flag("--repeat", "workload.repeat", "replay the trace this many times end to end "
+         "(before --start/--duration/--max-requests): a run longer than the trace"),
     Flag("--synthetic-requests", "workload.synthetic_requests", "synthetic: number of requests"),
     Flag("--synthetic-rate", "workload.synthetic_rate_rps", "synthetic: requests per second"),
     Flag("--synthetic-arrival", "workload.synthetic_arrival", "synthetic arrivals",

@@ -126,3 +126,23 @@ def test_a_comparison_tunes_each_contender_and_calls_the_known_winner() -> None:
     record = json.loads(json.dumps(verdict_json(result)))
     assert record["outcomes"][0]["result"] == WIN
     assert len(record["contenders"][0]["seeds"]) == 3
+
+
+def test_a_run_longer_than_its_trace_replays_the_trace_and_the_seeds_see_other_windows() -> None:
+    from pdserve.planning.fidelity import WorkloadSamples
+    base = Config().with_values({"workload.trace": "azure-code"})
+    samples = WorkloadSamples(base, 3)
+    long = Fidelity("long", 60.0, 50, 0.01)
+    within = samples.values(long, 0, 4000)  # shorter than the trace: a window of it
+    assert "workload.repeat" not in within and within["workload.max_requests"] == 4000
+    count = 12_000  # longer than the trace's 8,819 requests: replayed 3 times (>= 2 x 12,000)
+    windows = [samples.workload(long, seed, count) for seed in range(3)]
+    assert [samples.values(long, seed, count)["workload.repeat"] for seed in range(3)] == [3] * 3
+    assert all(len(w) == count for w in windows)
+    firsts = [samples.values(long, seed, count)["workload.start_s"] for seed in range(3)]
+    assert firsts[0] < firsts[1] < firsts[2]  # three windows, not the whole trace three times
+    assert all(w.mean_rate_rps == pytest.approx(samples.full.mean_rate_rps, rel=0.25)
+               for w in windows)
+    # a base that fixes its own window replays that window whole, as before
+    fixed = WorkloadSamples(base.with_values({"workload.max_requests": 1000}), 3)
+    assert fixed.values(long, 0, 12_000) == {}

@@ -143,3 +143,35 @@ def test_length_specs():
     assert set(inputs) <= set(table_in)
     with pytest.raises(ValueError, match="bad length spec 'fixed:5'"):
         sample_lengths("fixed:5", 1, rng)
+
+
+def test_a_repeated_trace_keeps_its_rate_and_its_copies_share_no_session_or_prefix():
+    from pdserve.workload.workload import Workload
+    trace = Workload("t", np.array([10.0, 11.0, 13.0]), np.array([5, 6, 7]),
+                     np.array([1, 2, 3]), session_id=np.array([0, -1, 0]),
+                     round_index=np.array([0, 0, 1]), hash_ids=((1, 2), (), (1, 2, 4)))
+    tripled = trace.repeated(3)
+    assert len(tripled) == 9
+    # copies follow each other one mean gap (1.5 s) after the last arrival
+    assert tripled.arrival_s.tolist() == [10, 11, 13, 14.5, 15.5, 17.5, 19, 20, 22]
+    assert tripled.mean_rate_rps == pytest.approx(trace.mean_rate_rps)
+    assert tripled.input_tokens.tolist() == [5, 6, 7] * 3
+    assert tripled.session_id.tolist() == [0, -1, 0, 1, -1, 1, 2, -1, 2]
+    assert tripled.round_index.tolist() == [0, 0, 1] * 3
+    assert tripled.hash_ids[3:6] == ((6, 7), (), (6, 7, 9))
+    assert trace.repeated(1) is trace
+    with pytest.raises(ValueError, match="positive integer"):
+        trace.repeated(0)
+
+
+def test_the_repeat_setting_replays_the_trace_before_the_window():
+    from pdserve.config import Config
+    from pdserve.sim.runner import load_workload
+    once = load_workload(Config().with_values({"workload.trace": "azure-code"}))
+    twice = load_workload(Config().with_values({"workload.trace": "azure-code",
+                                                "workload.repeat": 2,
+                                                "workload.start_s": once.span_s / 2}))
+    assert len(twice) == len(once) + int(np.sum(once.arrival_s - once.arrival_s[0]
+                                                >= once.span_s / 2))
+    with pytest.raises(ValueError, match="workload.repeat"):
+        Config().with_values({"workload.repeat": 0})

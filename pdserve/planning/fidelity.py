@@ -8,7 +8,8 @@ search ends; `WorkloadSamples` turns (fidelity, seed, N) into the config values 
 that sample, so every figure the planner reports is a `pdserve simulate` of a config it can
 write out:
   a trace      seed k of S is the window of N requests starting at the (k + 1/2)/S point of
-               the trace (`workload.start_s`, `workload.max_requests`)
+               the trace (`workload.start_s`, `workload.max_requests`); a trace shorter
+               than 2N is first replayed end to end (`workload.repeat`) to at least 2N
   synthetic    seed k draws N requests with seed base + k
   sessions     seed k draws N/8 sessions with seed base + k
 `evaluate(trial)` runs one trial in a worker process: the goodput search
@@ -105,14 +106,25 @@ class WorkloadSamples:
         if is_session_workload(w.trace):
             return {"seed": self.base.seed + seed, "workload.synthetic_requests": max(
                 2, min(w.synthetic_requests, count // SESSION_ROUNDS))}
-        full = self.full
+        full, tiled = self.full, {}
         if len(full) <= count:
-            return {}
+            if w.duration_s is not None or w.max_requests is not None:
+                return {}  # a window the base chose replays whole
+            # the trace replayed end to end, at least twice the sample's length, so the
+            # seeds' windows differ and a doubled run still takes in new arrivals
+            tiled = {"workload.repeat": w.repeat * math.ceil(2 * count / len(full))}
+            full = self._tiled(tiled)
         samples = self.seeds if fidelity.name == "long" else 1
         first = round((seed + 0.5) / samples * (len(full) - count))
         offset = float(full.arrival_s[first] - full.arrival_s[0])
-        return {"workload.start_s": w.start_s + math.floor(offset * 1e6) / 1e6,
+        return {**tiled, "workload.start_s": w.start_s + math.floor(offset * 1e6) / 1e6,
                 "workload.duration_s": None, "workload.max_requests": count}
+
+    def _tiled(self, values: dict[str, Any]) -> Workload:
+        key = ("tiled", values["workload.repeat"], 0)
+        if key not in self._cache:
+            self._cache[key] = load_workload(self.base.with_values(values))
+        return self._cache[key]
 
     def workload(self, fidelity: Fidelity, seed: int, count: int) -> Workload:
         key = (fidelity.name, seed, count)

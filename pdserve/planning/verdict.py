@@ -11,7 +11,8 @@ contender's own, such as its predictor). `VerdictRun` carries it out in two stag
             its deployment. With `tune=False` every contender runs at the base config's
             deployment (a paper's fixed setup), and the output says so.
 2. measure  that deployment's goodput on `Measurement.seeds` samples (trace windows or
-            synthetic seeds, `fidelity.WorkloadSamples`), each a goodput search bisected to
+            synthetic seeds, `fidelity.WorkloadSamples`; a trace shorter than a run is
+            replayed end to end), each a goodput search bisected to
             `rel_tol` (1 %); the run length is doubled until doubling moves the goodput by less
             than `stationary_tol` (3 %), at most `max_doublings` times
             (`stationary_goodput`); a seed that never settles is flagged.
@@ -124,7 +125,7 @@ class SeedResult:
     stationary: bool
     history: tuple[float, ...]
     requests: int  # replayed by the final run at the goodput rate
-    capped: bool  # the workload ran out (no more requests, or a trace's every one)
+    capped: bool  # the workload ran out: the doubled run replayed no more requests
     ttft_p90_s: float
     tpot_p90_s: float
 
@@ -258,10 +259,9 @@ def _measure_seed(task: _SeedTask) -> SeedResult:
 
     found = stationary_goodput(goodput_at, m.stationary_tol, m.max_doublings)
     last: TrialResult = trials[found.factor]
-    # the workload ran out: the doubled run replayed no more requests, or a trace's every
-    # request (each seed is then the same window)
-    capped = last.requests > 0 and (last.requests <= trials[found.factor // 2].requests
-                                    or last.requests >= len(samples.full))
+    # the workload ran out: the doubled run replayed no more requests (a synthetic cap, or
+    # a window of a trace that the base config fixed)
+    capped = last.requests > 0 and last.requests <= trials[found.factor // 2].requests
     return SeedResult(task.seed, found.goodput_rps, found.factor, found.stationary,
                       found.history, last.requests, capped, last.ttft_p90_s, last.tpot_p90_s)
 

@@ -41,6 +41,7 @@ def load_workload(config: Config) -> Workload:
                                     w.synthetic_rate_rps, config.seed)
     else:
         workload = load_trace(w.trace)
+    workload = workload.repeated(w.repeat)
     if w.start_s or w.duration_s is not None:
         workload = workload.window(w.start_s, w.duration_s)
     if w.max_requests is not None:

@@ -2,6 +2,8 @@
 
 Rate scaling divides timestamps by the scale (scale 2 = twice the request rate), as the
 papers replay traces. `window` clips to [start, start + duration) and rebases time to 0.
+`repeated` replays a trace end to end several times, so a run can outlast the trace (the
+verdict harness's stationarity check doubles runs past a short trace's length).
 """
 
 from __future__ import annotations
@@ -92,6 +94,41 @@ class Workload:
         root = np.sqrt(start_scale ** 2 + 2 * (end_scale - start_scale) * trace_s / duration_s)
         return replace(span, name=f"{self.name}ramp{start_scale:g}-{end_scale:g}",
                        arrival_s=2 * trace_s / (start_scale + root))
+
+    def repeated(self, copies: int) -> Workload:
+        """The workload replayed `copies` times end to end: copy k arrives k x (span + one
+        mean inter-arrival gap) later, so the mean rate is kept across the seams. Copies
+        are independent requests: session ids and prefix-block hashes are offset per copy
+        (a copy shares no session and hits no prefix cache of an earlier one)."""
+        if not isinstance(copies, int) or copies < 1:
+            raise ValueError(f"copies must be a positive integer, got {copies!r}")
+        if copies == 1 or len(self) == 0:
+            return self
+        n = len(self)
+        period_s = self.span_s + (self.span_s / (n - 1) if n > 1 else 1.0)
+        shifts = np.repeat(np.arange(copies, dtype=np.float64) * period_s, n)
+        sessions = self.session_id
+        if sessions is not None:
+            stride = max(int(sessions.max()) + 1, 1)  # a negative id means "no session"
+            tiled_ids = np.tile(sessions, copies)
+            sessions = np.where(tiled_ids < 0, tiled_ids, tiled_ids + np.repeat(
+                np.arange(copies, dtype=sessions.dtype) * stride, n))
+        hashes = self.hash_ids
+        if hashes is not None:
+            stride = 1 + max((max(h) for h in hashes if h), default=0)
+            hashes = tuple(tuple(h + k * stride for h in row)
+                           for k in range(copies) for row in hashes)
+
+        def tiled(values: np.ndarray | None) -> np.ndarray | None:
+            return None if values is None else np.tile(values, copies)
+
+        return replace(self, name=f"{self.name}*{copies}",
+                       arrival_s=np.tile(self.arrival_s, copies) + shifts,
+                       input_tokens=np.tile(self.input_tokens, copies),
+                       output_tokens=np.tile(self.output_tokens, copies),
+                       session_id=sessions, round_index=tiled(self.round_index),
+                       hash_ids=hashes, history_tokens=tiled(self.history_tokens),
+                       tool_delay_s=tiled(self.tool_delay_s))
 
     def window(self, start_s: float = 0.0, duration_s: float | None = None) -> Workload:
         """Requests arriving in [start_s, start_s + duration_s), with time rebased to 0."""
