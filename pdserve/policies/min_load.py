@@ -19,8 +19,12 @@ from pdserve.types import Request
 
 
 def predicted_prefill_queue_s(load: InstanceLoad, prefill: PrefillCoeffs) -> float:
-    """Predicted time to run the prefill work queued on an instance."""
-    return (load.prefill_queue_len * prefill.intercept_s
+    """Predicted time to run the prefill work queued on an instance (0 for an empty queue,
+    which has no tokens or attention work left either: most reads at low load)."""
+    queued = load.prefill_queue_len
+    if not queued:
+        return 0.0
+    return (queued * prefill.intercept_s
             + load.prefill_queue_tokens * prefill.per_token_s
             + load.prefill_queue_attn_units * prefill.per_attn_unit_s)
 
