@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -70,6 +71,29 @@ def test_min_load_ties_go_to_fewer_decodes_and_failed_instances_are_skipped():
     assert router.route(Request(0, 0, 10, 1), view, board) == 1
     board.mark_failed(1)
     assert router.route(Request(0, 0, 10, 1), view, board) == 2
+
+
+def test_min_load_picks_the_first_least_queue_then_decodes_key():
+    """The router reads a candidate's decodes only when they can decide: its pick is the
+    first candidate with the least (predicted queue time, decodes) over random loads with
+    many ties, as a min over those keys gives."""
+    rng = random.Random(3)
+    perf = make_perf()
+    router = MinLoadPrefillRouter(perf.prefill)
+    for _ in range(500):
+        loads = []
+        for _ in range(rng.randint(1, 6)):
+            queued = rng.choice([0, 0, 1, 2])
+            loads.append(replace(IDLE, prefill_queue_len=queued,
+                                 prefill_queue_tokens=100 * queued,
+                                 prefill_queue_attn_units=10_000 * queued,
+                                 running_decodes=rng.choice([0, 0, 1, 3]),
+                                 decode_queue_len=rng.choice([0, 0, 2])))
+        view = view_of(*loads)
+        board = RoleBoard([Role.MIXED] * len(loads))
+        keys = [(predicted_prefill_queue_s(load, perf.prefill),
+                 load.running_decodes + load.decode_queue_len) for load in view.instances]
+        assert router.route(Request(0, 0, 10, 1), view, board) == keys.index(min(keys))
 
 
 def test_min_running_tokens_counts_incoming_transfers():

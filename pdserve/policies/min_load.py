@@ -37,14 +37,16 @@ class MinLoadPrefillRouter:
         self.prefill = perf.prefill
 
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
-        instances = view.instances
-        best, best_key = -1, (0.0, 0)
+        instances, prefill = view.instances, self.prefill
+        best, best_s, best_decodes = -1, 0.0, 0
         for i in board.prefill_candidates:
             load = instances[i]
-            key = (predicted_prefill_queue_s(load, self.prefill),
-                   load.running_decodes + load.decode_queue_len)
-            if best < 0 or key < best_key:
-                best, best_key = i, key
+            queue_s = predicted_prefill_queue_s(load, prefill)
+            if best >= 0 and (queue_s > best_s or (queue_s == best_s and not best_decodes)):
+                continue  # not better: no count of decodes is below 0 (so not read)
+            decodes = load.running_decodes + load.decode_queue_len
+            if best < 0 or queue_s < best_s or (queue_s == best_s and decodes < best_decodes):
+                best, best_s, best_decodes = i, queue_s, decodes
         return best
 
 
