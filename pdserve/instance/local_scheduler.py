@@ -266,7 +266,8 @@ class LocalScheduler:
             self._admit_counter += 1
             request.admit_seq = self._admit_counter
             self.running[request.request_id] = request
-            self.running_tokens += request.sequence_tokens
+            # sequence_tokens, inline: a property read is a fresh frame (hot, as below)
+            self.running_tokens += request.input_tokens + request.generated_tokens
 
     def _grow_decodes(self) -> None:
         running = self.running.values()
@@ -498,7 +499,7 @@ class LocalScheduler:
 
     def _drop_running(self, request: Request) -> None:
         del self.running[request.request_id]
-        self.running_tokens -= request.sequence_tokens
+        self.running_tokens -= request.input_tokens + request.generated_tokens
 
     def _free_kv(self, request: Request) -> None:
         blocks, request.kv_blocks = request.kv_blocks, 0
@@ -556,7 +557,7 @@ class LocalScheduler:
         queue = self.transfer_queue
         while queue:
             request = queue[0]
-            total = blocks_for(request.sequence_tokens - 1)
+            total = blocks_for(request.input_tokens + request.generated_tokens - 1)
             history = self.history.history_blocks(request, total)  # only new KV comes in
             if not self.budget.try_take(total - history, request.session_id):
                 break
