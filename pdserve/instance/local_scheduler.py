@@ -360,12 +360,11 @@ class LocalScheduler:
         for request in decodes:  # blocks_for(sequence_tokens + extra), inline (hot)
             taken += -(-(request.input_tokens + request.generated_tokens + extra)
                        // KV_BLOCK_TOKENS) - request.kv_blocks
-        if taken > self.budget.free_blocks:
+        if not self.budget.take_if_free(taken):
             return None
         for request in decodes:
             request.kv_blocks = -(-(request.input_tokens + request.generated_tokens + extra)
                                   // KV_BLOCK_TOKENS)
-        self.budget.take(taken)
         plan = BatchPlan(decodes, [], steps, self.running_tokens)
         if self._preempted_pending:
             plan.preempted, self._preempted_pending = self._preempted_pending, []
