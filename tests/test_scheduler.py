@@ -104,6 +104,21 @@ def test_min_running_tokens_counts_incoming_transfers():
     assert MinRunningTokensDecodeRouter().route(Request(0, 0, 10, 2), 0, view, board) == 3
 
 
+def test_min_running_tokens_picks_the_first_least_total():
+    """The router skips a candidate's incoming tokens once its running tokens alone are no
+    fewer than the best total: its pick is still the first least running + incoming."""
+    rng = random.Random(5)
+    router = MinRunningTokensDecodeRouter()
+    for _ in range(500):
+        loads = [replace(IDLE, running_tokens=rng.choice([0, 100, 200, 300]),
+                         decode_queue_tokens=rng.choice([0, 0, 100, 200]))
+                 for _ in range(rng.randint(1, 6))]
+        view = view_of(*loads)
+        board = RoleBoard([Role.DECODE] * len(loads))
+        totals = [load.running_tokens + load.decode_queue_tokens for load in loads]
+        assert router.route(Request(0, 0, 10, 2), 0, view, board) == totals.index(min(totals))
+
+
 def test_round_robin_cycles_over_current_candidates():
     board = RoleBoard([Role.PREFILL, Role.DECODE, Role.PREFILL, Role.PREFILL])
     router = RoundRobinPrefillRouter()

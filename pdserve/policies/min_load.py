@@ -57,7 +57,10 @@ class MinRunningTokensDecodeRouter:
         best, best_tokens = -1, 0
         for i in board.decode_candidates:
             load = instances[i]
-            tokens = load.running_tokens + load.decode_queue_tokens
+            tokens = load.running_tokens
+            if best >= 0 and tokens >= best_tokens:
+                continue  # not fewer, whatever is coming in (not read)
+            tokens += load.decode_queue_tokens
             if best < 0 or tokens < best_tokens:
                 best, best_tokens = i, tokens
         return best
