@@ -133,6 +133,7 @@ class TransferCoeffs:
 # the estimate's floating-point error stays far below it (`_TRUSTED_STEPS`); otherwise (a
 # read at a step boundary, one in 10^5 on bench/sim_speed.py) it searches exactly.
 _STEP_MARGIN = 1e-6
+_STEP_MARGIN_BELOW_ONE = 1 - _STEP_MARGIN
 _TRUSTED_STEPS = 1e8
 
 
@@ -175,16 +176,16 @@ class DecodeSpan:
         `_TRUSTED_STEPS` (10^8) the two are within 10^-7 steps of each other: the floor of
         the estimate is the step `time_s` places `elapsed_s` in. Elsewhere (at a boundary,
         at the cap, a huge span) the estimate only seeds an exact search."""
-        if self.growth_s > 0:
+        if self.growth_s > 0.0:
             estimate = (math.sqrt(self._linear_squared + self._four_half * elapsed_s)
                         - self._linear) * self._inverse
-        elif self.first_step_s > 0:
+        elif self.first_step_s > 0.0:
             estimate = elapsed_s / self.first_step_s
         else:
             return self._search(elapsed_s, max_steps, max_steps)
         steps = int(estimate)
         if steps < max_steps <= self._trusted_steps and \
-                _STEP_MARGIN < estimate - steps < 1 - _STEP_MARGIN:
+                _STEP_MARGIN < estimate - steps < _STEP_MARGIN_BELOW_ONE:
             return steps
         return self._search(elapsed_s, max_steps, steps)
 
