@@ -141,7 +141,8 @@ class DecodeSpan:
     """The closed-form clock of a decode span (`PerfModel.span`): its first step's time and
     how much each later step adds (the context grows by the batch size per step). Built
     once per span, so the simulator's many reads of a running span (its end, the steps done
-    by now) cost no step-time evaluation."""
+    by now) cost no step-time evaluation. Its constants are floats (2.0, not 2): in 3.11 an
+    operation of a float with an int takes the generic path, at the same value."""
 
     __slots__ = ("first_step_s", "growth_s", "_linear", "_linear_squared", "_four_half",
                  "_inverse", "_trusted_steps")
@@ -150,19 +151,19 @@ class DecodeSpan:
         self.first_step_s = first_step_s
         self.growth_s = growth_s  # per_context_token_s * batch size
         # the inverse's constants: growth/2 k^2 + (first - growth/2) k = elapsed
-        half = growth_s / 2
+        half = growth_s / 2.0
         self._linear = first_step_s - half
         self._linear_squared = self._linear * self._linear
         self._four_half = 4 * half
-        self._inverse = 1 / (2 * half) if half > 0 else 0.0
+        self._inverse = 1.0 / (2.0 * half) if half > 0.0 else 0.0
         # the caps under which the estimate is trusted off a step boundary: its error is
         # below 9 * 2^-53 * (steps + |linear| / growth) steps (`steps_within`)
         self._trusted_steps = _TRUSTED_STEPS - abs(self._linear) * self._inverse \
-            if growth_s > 0 else _TRUSTED_STEPS if first_step_s > 0 else -1.0
+            if growth_s > 0.0 else _TRUSTED_STEPS if first_step_s > 0.0 else -1.0
 
     def time_s(self, steps: int) -> float:
         """Time of the span's first `steps` steps."""
-        return steps * self.first_step_s + self.growth_s * steps * (steps - 1) / 2
+        return steps * self.first_step_s + self.growth_s * steps * (steps - 1) / 2.0
 
     def steps_within(self, elapsed_s: float, max_steps: int) -> int:
         """How many whole steps (at most `max_steps`) are done `elapsed_s` after its start:
@@ -198,16 +199,16 @@ class DecodeSpan:
         elif steps < 0:
             steps = 0
         if steps < max_steps:
-            end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
+            end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2.0
             while end_s <= elapsed_s:
                 steps += 1
                 if steps == max_steps:
                     break
-                end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
-        start_s = steps * first + growth * steps * (steps - 1) / 2
+                end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2.0
+        start_s = steps * first + growth * steps * (steps - 1) / 2.0
         while steps > 0 and start_s > elapsed_s:
             steps -= 1
-            start_s = steps * first + growth * steps * (steps - 1) / 2
+            start_s = steps * first + growth * steps * (steps - 1) / 2.0
         return steps
 
 
