@@ -154,12 +154,13 @@ class DecodeSpan:
         half = growth_s / 2.0
         self._linear = first_step_s - half
         self._linear_squared = self._linear * self._linear
-        self._four_half = 4 * half
+        self._four_half = 4.0 * half
         self._inverse = 1.0 / (2.0 * half) if half > 0.0 else 0.0
         # the caps under which the estimate is trusted off a step boundary: its error is
-        # below 9 * 2^-53 * (steps + |linear| / growth) steps (`steps_within`)
-        self._trusted_steps = _TRUSTED_STEPS - abs(self._linear) * self._inverse \
-            if growth_s > 0.0 else _TRUSTED_STEPS if first_step_s > 0.0 else -1.0
+        # below 9 * 2^-53 * (steps + |linear| / growth) steps (`steps_within`); an int, as
+        # the caps are
+        self._trusted_steps = int(_TRUSTED_STEPS - abs(self._linear) * self._inverse) \
+            if growth_s > 0.0 else int(_TRUSTED_STEPS) if first_step_s > 0.0 else -1
 
     def time_s(self, steps: int) -> float:
         """Time of the span's first `steps` steps."""
