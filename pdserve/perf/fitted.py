@@ -159,8 +159,9 @@ class DecodeSpan:
         # the caps under which the estimate is trusted off a step boundary: its error is
         # below 9 * 2^-53 * (steps + |linear| / growth) steps (`steps_within`); an int, as
         # the caps are
-        self._trusted_steps = int(_TRUSTED_STEPS - abs(self._linear) * self._inverse) \
-            if growth_s > 0.0 else int(_TRUSTED_STEPS) if first_step_s > 0.0 else -1
+        trusted = _TRUSTED_STEPS - abs(self._linear) * self._inverse if growth_s > 0.0 \
+            else _TRUSTED_STEPS if first_step_s > 0.0 else -1.0
+        self._trusted_steps = int(trusted) if trusted > 0.0 else -1  # (NaN, -inf: none)
 
     def time_s(self, steps: int) -> float:
         """Time of the span's first `steps` steps."""
