@@ -47,6 +47,9 @@ from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.instance.sessions import SessionCache, SessionHistory
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
+# read per plan: an enum member's lookup on its class is a descriptor call in 3.11
+_PREFILL_FIRST = PhasePriority.PREFILL_FIRST
+
 
 @dataclass(slots=True)
 class BatchPlan:
@@ -215,7 +218,7 @@ class LocalScheduler:
             if plan is not None:
                 return plan
         chunks = self._prefill_first_chunks() \
-            if self.phase_priority is PhasePriority.PREFILL_FIRST else None
+            if self.phase_priority is _PREFILL_FIRST else None
         prefills = self.prefills
         if chunks:  # prefill first, and a prefill can run
             decodes: list[Request] = []
