@@ -329,7 +329,8 @@ class LocalScheduler:
     def _allocate_chunk(self, request: Request, budget_tokens: int) -> int:
         remaining = request.prefill_target_tokens - request.prefilled_tokens
         tokens = min(remaining, budget_tokens)
-        need = blocks_for(request.prefilled_tokens + tokens) - request.kv_blocks
+        need = -(-(request.prefilled_tokens + tokens) // KV_BLOCK_TOKENS) \
+            - request.kv_blocks  # blocks_for(prefilled + tokens), inline (hot)
         if not self.budget.try_take(need):
             return 0
         request.kv_blocks += need
@@ -559,7 +560,8 @@ class LocalScheduler:
         queue = self.transfer_queue
         while queue:
             request = queue[0]
-            total = blocks_for(request.input_tokens + request.generated_tokens - 1)
+            # blocks_for(sequence_tokens - 1), inline (hot)
+            total = -(-(request.input_tokens + request.generated_tokens - 1) // KV_BLOCK_TOKENS)
             history = self.history.history_blocks(request, total)  # only new KV comes in
             if not self.budget.try_take(total - history, request.session_id):
                 break
