@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pdserve.perf.fit import FitGrid, fit_decode, fit_perf_model, fit_prefill, fit_transfer
-from pdserve.perf.fitted import CONSTANT_BATCHES, DecodeCoeffs, PerfModel
+from pdserve.perf.fitted import CONSTANT_BATCHES, DecodeCoeffs, DecodeSpan, PerfModel
 from pdserve.perf.presets import PAPER_SETUPS, default_tp, perf_model, roofline
 from pdserve.perf.specs import model_spec
 from pdserve.types import attn_units
@@ -92,6 +92,26 @@ def test_a_spans_repeated_reads_answer_as_a_fresh_span_does(perf: PerfModel):
             fresh = perf.span(5, 4000).steps_within(elapsed, cap)
             assert span.steps_within(elapsed, cap) == fresh
             assert fresh == min(cap, max(k for k in range(60) if bounds[k] <= elapsed))
+
+
+def test_a_spans_estimate_answers_as_the_exact_search():
+    """`steps_within` takes the closed-form estimate off step boundaries: over spans of
+    many shapes, reads anywhere and at a hair's breadth of each bound answer as a bisection
+    over `time_s` does."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        span = DecodeSpan(float(10 ** rng.uniform(-4, -1)), float(10 ** rng.uniform(-10, -5)))
+        cap = int(rng.integers(1, 3000))
+        bounds = [span.time_s(k) for k in range(0, cap + 2, max(1, cap // 40))]
+        reads = [*bounds, *(b * (1 + d) for b in bounds for d in (-1e-15, 1e-15, -1e-9)),
+                 *rng.uniform(0, bounds[-1], 50)]
+        for elapsed in reads:
+            elapsed = max(0.0, float(elapsed))
+            low, high = 0, cap  # the last k <= cap with time_s(k) <= elapsed
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if span.time_s(mid) <= elapsed else (low, mid - 1)
+            assert span.steps_within(elapsed, cap) == low
 
 
 def test_llama_8b_spec_matches_its_published_size():

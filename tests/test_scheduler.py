@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -72,12 +73,50 @@ def test_min_load_ties_go_to_fewer_decodes_and_failed_instances_are_skipped():
     assert router.route(Request(0, 0, 10, 1), view, board) == 2
 
 
+def test_min_load_picks_the_first_least_queue_then_decodes_key():
+    """The router reads a candidate's decodes only when they can decide: its pick is the
+    first candidate with the least (predicted queue time, decodes) over random loads with
+    many ties, as a min over those keys gives."""
+    rng = random.Random(3)
+    perf = make_perf()
+    router = MinLoadPrefillRouter(perf.prefill)
+    for _ in range(500):
+        loads = []
+        for _ in range(rng.randint(1, 6)):
+            queued = rng.choice([0, 0, 1, 2])
+            loads.append(replace(IDLE, prefill_queue_len=queued,
+                                 prefill_queue_tokens=100 * queued,
+                                 prefill_queue_attn_units=10_000 * queued,
+                                 running_decodes=rng.choice([0, 0, 1, 3]),
+                                 decode_queue_len=rng.choice([0, 0, 2])))
+        view = view_of(*loads)
+        board = RoleBoard([Role.MIXED] * len(loads))
+        keys = [(predicted_prefill_queue_s(load, perf.prefill),
+                 load.running_decodes + load.decode_queue_len) for load in view.instances]
+        assert router.route(Request(0, 0, 10, 1), view, board) == keys.index(min(keys))
+
+
 def test_min_running_tokens_counts_incoming_transfers():
     view = view_of(IDLE, replace(IDLE, running_tokens=500),
                    replace(IDLE, running_tokens=100, decode_queue_tokens=900),
                    replace(IDLE, running_tokens=400))
     board = RoleBoard([Role.PREFILL, Role.DECODE, Role.DECODE, Role.DECODE])
     assert MinRunningTokensDecodeRouter().route(Request(0, 0, 10, 2), 0, view, board) == 3
+
+
+def test_min_running_tokens_picks_the_first_least_total():
+    """The router skips a candidate's incoming tokens once its running tokens alone are no
+    fewer than the best total: its pick is still the first least running + incoming."""
+    rng = random.Random(5)
+    router = MinRunningTokensDecodeRouter()
+    for _ in range(500):
+        loads = [replace(IDLE, running_tokens=rng.choice([0, 100, 200, 300]),
+                         decode_queue_tokens=rng.choice([0, 0, 100, 200]))
+                 for _ in range(rng.randint(1, 6))]
+        view = view_of(*loads)
+        board = RoleBoard([Role.DECODE] * len(loads))
+        totals = [load.running_tokens + load.decode_queue_tokens for load in loads]
+        assert router.route(Request(0, 0, 10, 2), 0, view, board) == totals.index(min(totals))
 
 
 def test_round_robin_cycles_over_current_candidates():

@@ -19,6 +19,9 @@ from pdserve.cluster.sessions import HistorySource, history_source
 from pdserve.instance.phase_priority import PhasePriority
 from pdserve.types import Request, Role
 
+# read per dispatch: an enum member's lookup on its class is a descriptor call in 3.11
+_NO_HISTORY = HistorySource.NONE
+
 
 # Built per request on the simulator's hot path, so not frozen (a frozen dataclass's
 # __init__ costs 2.6x a plain one's, `docs/results/sim_speed.md`); never modified after
@@ -166,7 +169,7 @@ def apply_actions(actions: Iterable[Action], world: World, roles: Sequence[Role]
             request, instance = action.request, action.instance_id  # type: ignore[union-attr]
             world.dispatch_prefill(action, history_source(  # type: ignore[arg-type]
                 request, instance, roles[instance], world.serving(request.home_instance))
-                if request.history_tokens > 0 else HistorySource.NONE)
+                if request.history_tokens > 0 else _NO_HISTORY)
         elif kind is DispatchDecode:
             world.dispatch_decode(action)  # type: ignore[arg-type]
         elif kind is SetChunkSize:

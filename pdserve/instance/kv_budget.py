@@ -52,6 +52,15 @@ class KVBudget:
         self._free_blocks = free - blocks
         return True
 
+    def take_if_free(self, blocks: int) -> bool:
+        """Take `blocks` if that many are free now, reclaiming nothing; False, taking
+        nothing, otherwise (`free_blocks` and `take` in one call: a decode span's plan)."""
+        free = self._free_blocks
+        if blocks > free:
+            return False
+        self._free_blocks = free - blocks
+        return True
+
     def take(self, blocks: int) -> None:
         """Take blocks the caller has seen to be free (`free_blocks`)."""
         self._free_blocks -= blocks

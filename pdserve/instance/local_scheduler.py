@@ -47,6 +47,9 @@ from pdserve.instance.queue_order import FCFSOrder, QueueOrder
 from pdserve.instance.sessions import SessionCache, SessionHistory
 from pdserve.types import KV_BLOCK_TOKENS, Request, attn_units, blocks_for
 
+# read per plan: an enum member's lookup on its class is a descriptor call in 3.11
+_PREFILL_FIRST = PhasePriority.PREFILL_FIRST
+
 
 @dataclass(slots=True)
 class BatchPlan:
@@ -215,7 +218,7 @@ class LocalScheduler:
             if plan is not None:
                 return plan
         chunks = self._prefill_first_chunks() \
-            if self.phase_priority is PhasePriority.PREFILL_FIRST else None
+            if self.phase_priority is _PREFILL_FIRST else None
         prefills = self.prefills
         if chunks:  # prefill first, and a prefill can run
             decodes: list[Request] = []
@@ -266,7 +269,8 @@ class LocalScheduler:
             self._admit_counter += 1
             request.admit_seq = self._admit_counter
             self.running[request.request_id] = request
-            self.running_tokens += request.sequence_tokens
+            # sequence_tokens, inline: a property read is a fresh frame (hot, as below)
+            self.running_tokens += request.input_tokens + request.generated_tokens
 
     def _grow_decodes(self) -> None:
         running = self.running.values()
@@ -325,7 +329,8 @@ class LocalScheduler:
     def _allocate_chunk(self, request: Request, budget_tokens: int) -> int:
         remaining = request.prefill_target_tokens - request.prefilled_tokens
         tokens = min(remaining, budget_tokens)
-        need = blocks_for(request.prefilled_tokens + tokens) - request.kv_blocks
+        need = -(-(request.prefilled_tokens + tokens) // KV_BLOCK_TOKENS) \
+            - request.kv_blocks  # blocks_for(prefilled + tokens), inline (hot)
         if not self.budget.try_take(need):
             return 0
         request.kv_blocks += need
@@ -359,12 +364,11 @@ class LocalScheduler:
         for request in decodes:  # blocks_for(sequence_tokens + extra), inline (hot)
             taken += -(-(request.input_tokens + request.generated_tokens + extra)
                        // KV_BLOCK_TOKENS) - request.kv_blocks
-        if taken > self.budget.free_blocks:
+        if not self.budget.take_if_free(taken):
             return None
         for request in decodes:
             request.kv_blocks = -(-(request.input_tokens + request.generated_tokens + extra)
                                   // KV_BLOCK_TOKENS)
-        self.budget.take(taken)
         plan = BatchPlan(decodes, [], steps, self.running_tokens)
         if self._preempted_pending:
             plan.preempted, self._preempted_pending = self._preempted_pending, []
@@ -498,7 +502,7 @@ class LocalScheduler:
 
     def _drop_running(self, request: Request) -> None:
         del self.running[request.request_id]
-        self.running_tokens -= request.sequence_tokens
+        self.running_tokens -= request.input_tokens + request.generated_tokens
 
     def _free_kv(self, request: Request) -> None:
         blocks, request.kv_blocks = request.kv_blocks, 0
@@ -556,7 +560,8 @@ class LocalScheduler:
         queue = self.transfer_queue
         while queue:
             request = queue[0]
-            total = blocks_for(request.sequence_tokens - 1)
+            # blocks_for(sequence_tokens - 1), inline (hot)
+            total = -(-(request.input_tokens + request.generated_tokens - 1) // KV_BLOCK_TOKENS)
             history = self.history.history_blocks(request, total)  # only new KV comes in
             if not self.budget.try_take(total - history, request.session_id):
                 break

@@ -71,9 +71,9 @@ class PrefillQueue:
         """Count a computed chunk; True when the request's prefill is complete."""
         done, target = request.prefilled_tokens, request.prefill_target_tokens
         request.prefilled_tokens = done + tokens
-        self.tokens -= tokens  # the remaining units before and after (`_remaining_units`):
-        self.attn_units -= (attn_units(target - done, done)
-                            - attn_units(target - done - tokens, done + tokens))
+        self.tokens -= tokens
+        # the remaining units (`_remaining_units`) drop by the chunk's own: chunks add up
+        self.attn_units -= attn_units(tokens, done)
         if done + tokens < target:
             return False
         del self.active[request.request_id]

@@ -128,68 +128,89 @@ class TransferCoeffs:
         return calls * self.per_call_s + num_bytes / self.bytes_per_s
 
 
+# `DecodeSpan.steps_within` takes its closed-form estimate as the answer when it lies at
+# least this far (in steps) from a whole step, and the span and the cap are small enough that
+# the estimate's floating-point error stays far below it (`_TRUSTED_STEPS`); otherwise (a
+# read at a step boundary, one in 10^5 on bench/sim_speed.py) it searches exactly.
+_STEP_MARGIN = 1e-6
+_STEP_MARGIN_BELOW_ONE = 1 - _STEP_MARGIN
+_TRUSTED_STEPS = 1e8
+
+
 class DecodeSpan:
     """The closed-form clock of a decode span (`PerfModel.span`): its first step's time and
     how much each later step adds (the context grows by the batch size per step). Built
     once per span, so the simulator's many reads of a running span (its end, the steps done
-    by now) cost no step-time evaluation."""
+    by now) cost no step-time evaluation. Its constants are floats (2.0, not 2): in 3.11 an
+    operation of a float with an int takes the generic path, at the same value."""
 
     __slots__ = ("first_step_s", "growth_s", "_linear", "_linear_squared", "_four_half",
-                 "_inverse", "_step", "_step_start_s", "_step_end_s")
+                 "_inverse", "_trusted_steps")
 
     def __init__(self, first_step_s: float, growth_s: float) -> None:
         self.first_step_s = first_step_s
         self.growth_s = growth_s  # per_context_token_s * batch size
         # the inverse's constants: growth/2 k^2 + (first - growth/2) k = elapsed
-        half = growth_s / 2
+        half = growth_s / 2.0
         self._linear = first_step_s - half
         self._linear_squared = self._linear * self._linear
-        self._four_half = 4 * half
-        self._inverse = 1 / (2 * half) if half > 0 else 0.0
-        # the step found last (`steps_within`): steps done while time_s(_step) <= elapsed
-        # < time_s(_step + 1), the two bounds as `steps_within` computes them
-        self._step = -1
-        self._step_start_s = self._step_end_s = 0.0
+        self._four_half = 4.0 * half
+        self._inverse = 1.0 / (2.0 * half) if half > 0.0 else 0.0
+        # the caps under which the estimate is trusted off a step boundary: its error is
+        # below 9 * 2^-53 * (steps + |linear| / growth) steps (`steps_within`); an int, as
+        # the caps are
+        trusted = _TRUSTED_STEPS - abs(self._linear) * self._inverse if growth_s > 0.0 \
+            else _TRUSTED_STEPS if first_step_s > 0.0 else -1.0
+        self._trusted_steps = int(trusted) if trusted > 0.0 else -1  # (NaN, -inf: none)
 
     def time_s(self, steps: int) -> float:
         """Time of the span's first `steps` steps."""
-        return steps * self.first_step_s + self.growth_s * steps * (steps - 1) / 2
+        return steps * self.first_step_s + self.growth_s * steps * (steps - 1) / 2.0
 
     def steps_within(self, elapsed_s: float, max_steps: int) -> int:
         """How many whole steps (at most `max_steps`) are done `elapsed_s` after its start:
-        exact against `time_s`; the closed-form estimate only seeds the count. A read in
-        the step found last answers from its bounds (the clock is non-decreasing in the
-        steps, so that step is the only answer)."""
-        steps = self._step
-        if steps < max_steps and self._step_start_s <= elapsed_s < self._step_end_s:
-            return steps
-        first, growth = self.first_step_s, self.growth_s
-        if growth > 0:
+        exact against `time_s`.
+
+        The closed-form estimate k = (sqrt(linear^2 + 4 half elapsed) - linear) / (2 half)
+        is the answer when it lies at least `_STEP_MARGIN` from a whole number: rounding
+        (u = 2^-53 per operation) moves it by at most 5u (k + |linear| / (2 half)) steps
+        (the square root's cancellation against `linear` is the largest term), and
+        `time_s`'s own rounding moves a step boundary by at most 4u k steps, so under
+        `_TRUSTED_STEPS` (10^8) the two are within 10^-7 steps of each other: the floor of
+        the estimate is the step `time_s` places `elapsed_s` in. Elsewhere (at a boundary,
+        at the cap, a huge span) the estimate only seeds an exact search."""
+        if self.growth_s > 0.0:
             estimate = (math.sqrt(self._linear_squared + self._four_half * elapsed_s)
                         - self._linear) * self._inverse
+        elif self.first_step_s > 0.0:
+            estimate = elapsed_s / self.first_step_s
         else:
-            estimate = elapsed_s / first if first > 0 else max_steps
+            return self._search(elapsed_s, max_steps, max_steps)
         steps = int(estimate)
+        if steps < max_steps <= self._trusted_steps and \
+                _STEP_MARGIN < estimate - steps < _STEP_MARGIN_BELOW_ONE:
+            return steps
+        return self._search(elapsed_s, max_steps, steps)
+
+    def _search(self, elapsed_s: float, max_steps: int, steps: int) -> int:
+        """`steps_within` from a seed `steps`, exact against `time_s` (each step bound is
+        evaluated as `time_s` does)."""
+        first, growth = self.first_step_s, self.growth_s
         if steps > max_steps:
             steps = max_steps
         elif steps < 0:
             steps = 0
-        # time_s(k) = k * first + growth * k * (k - 1) / 2, each bound evaluated once
-        end_s = math.inf  # time_s(steps + 1) once known
         if steps < max_steps:
-            end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
+            end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2.0
             while end_s <= elapsed_s:
                 steps += 1
                 if steps == max_steps:
                     break
-                end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2
-        start_s = steps * first + growth * steps * (steps - 1) / 2
+                end_s = (steps + 1) * first + growth * (steps + 1) * steps / 2.0
+        start_s = steps * first + growth * steps * (steps - 1) / 2.0
         while steps > 0 and start_s > elapsed_s:
             steps -= 1
-            end_s = start_s
-            start_s = steps * first + growth * steps * (steps - 1) / 2
-        if steps < max_steps:
-            self._step, self._step_start_s, self._step_end_s = steps, start_s, end_s
+            start_s = steps * first + growth * steps * (steps - 1) / 2.0
         return steps
 
 

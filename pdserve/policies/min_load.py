@@ -19,8 +19,12 @@ from pdserve.types import Request
 
 
 def predicted_prefill_queue_s(load: InstanceLoad, prefill: PrefillCoeffs) -> float:
-    """Predicted time to run the prefill work queued on an instance."""
-    return (load.prefill_queue_len * prefill.intercept_s
+    """Predicted time to run the prefill work queued on an instance (0 for an empty queue,
+    which has no tokens or attention work left either: most reads at low load)."""
+    queued = load.prefill_queue_len
+    if not queued:
+        return 0.0
+    return (queued * prefill.intercept_s
             + load.prefill_queue_tokens * prefill.per_token_s
             + load.prefill_queue_attn_units * prefill.per_attn_unit_s)
 
@@ -33,14 +37,16 @@ class MinLoadPrefillRouter:
         self.prefill = perf.prefill
 
     def route(self, request: Request, view: ClusterView, board: RoleBoard) -> int:
-        instances = view.instances
-        best, best_key = -1, (0.0, 0)
+        instances, prefill = view.instances, self.prefill
+        best, best_s, best_decodes = -1, 0.0, 0
         for i in board.prefill_candidates:
             load = instances[i]
-            key = (predicted_prefill_queue_s(load, self.prefill),
-                   load.running_decodes + load.decode_queue_len)
-            if best < 0 or key < best_key:
-                best, best_key = i, key
+            queue_s = predicted_prefill_queue_s(load, prefill)
+            if best >= 0 and (queue_s > best_s or (queue_s == best_s and not best_decodes)):
+                continue  # not better: no count of decodes is below 0 (so not read)
+            decodes = load.running_decodes + load.decode_queue_len
+            if best < 0 or queue_s < best_s or (queue_s == best_s and decodes < best_decodes):
+                best, best_s, best_decodes = i, queue_s, decodes
         return best
 
 
@@ -51,7 +57,10 @@ class MinRunningTokensDecodeRouter:
         best, best_tokens = -1, 0
         for i in board.decode_candidates:
             load = instances[i]
-            tokens = load.running_tokens + load.decode_queue_tokens
+            tokens = load.running_tokens
+            if best >= 0 and tokens >= best_tokens:
+                continue  # not fewer, whatever is coming in (not read)
+            tokens += load.decode_queue_tokens
             if best < 0 or tokens < best_tokens:
                 best, best_tokens = i, tokens
         return best

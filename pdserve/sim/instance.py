@@ -27,6 +27,7 @@ class SimInstance:
         self.total_blocks = local.total_blocks
         self._prefills = local.prefills  # its queues, read by the load's properties
         self._handoffs = local.handoffs
+        self._budget = local.budget
         self.perf = perf
         self.noise = instance_noise(perf.prefill_step_cv, seed, local.instance_id)
         self.view = view  # read for the current time only
@@ -103,7 +104,7 @@ class SimInstance:
     # Policies read these many times per event: each reads the local scheduler's parts in
     # one call (the same figures as its own `InstanceLoad` properties), and the two
     # constants are plain attributes (`instance_id`, `total_blocks`, set in __init__), and
-    # its queues are held directly (the local scheduler builds them once).
+    # its queues and KV budget are held directly (the local scheduler builds them once).
     @property
     def prefill_queue_len(self) -> int:
         prefills = self._prefills
@@ -143,7 +144,7 @@ class SimInstance:
     def used_blocks(self) -> int:
         plan = self.plan
         if plan is None or plan.steps == 1:
-            return self.local.used_blocks
+            return self._budget.used_blocks
         return self.local.blocks_after(plan, min(self._steps_done(plan) + 1, plan.steps))
 
     @property

@@ -8,8 +8,9 @@ round prefilled away from its history reads the history over the same links.
 
 `KVTransfers` owns this bookkeeping (what is in flight from where since when, the calls
 each request's transfers made, the pending migrations, the links' one scheduled event) and
-nothing else: the simulator wires it with its instances and three callables (the clock, a
-push onto its event heap, and `touch`: an instance got work or memory).
+nothing else: the simulator wires it with its instances, its cluster view (read for the
+current time only) and two callables (a push onto its event heap, and `touch`: an instance
+got work or memory).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pdserve.cluster.actions import Migrate
+from pdserve.cluster.events import ClusterView
 from pdserve.perf.fitted import PerfModel
 from pdserve.sim.instance import SimInstance
 from pdserve.sim.links import LinkSimulator
@@ -39,14 +41,14 @@ class HistoryRead:
 
 class KVTransfers:
     def __init__(self, instances: Sequence[SimInstance], perfs: Sequence[PerfModel],
-                 links: LinkSimulator, settings: SimSettings, clock: Callable[[], float],
+                 links: LinkSimulator, settings: SimSettings, view: ClusterView,
                  push: Callable[[float, int, object, int], None],
                  touch: Callable[[SimInstance], None]) -> None:
         self.instances = instances
         self.perfs = perfs
         self.links = links
         self.settings = settings
-        self._clock, self._push, self._touch = clock, push, touch
+        self._view, self._push, self._touch = view, push, touch
         self.migrations: dict[int, Migrate] = {}  # waiting for their source's step boundary
         self.migrated = 0  # migrations that left their source
         self.calls: dict[int, int] = {}  # transfer calls per request
@@ -92,11 +94,13 @@ class KVTransfers:
         started = local.admit_transfers()
         if not started:
             return
-        now = self._clock()
+        now = self._view.now_s
         for request in started:
             request_id = request.request_id
             source = self._source[request_id]
-            tokens = request.sequence_tokens - 1  # less the session history already there:
+            # the KV of its sequence_tokens - 1 (inline: a property read is a fresh frame),
+            # less the session history already there
+            tokens = request.input_tokens + request.generated_tokens - 1
             tokens -= local.transfer_reused_tokens.pop(request_id, 0)
             num_bytes = tokens * self.perfs[source].kv_bytes_per_token
             calls = self._fixed_calls or self._transfer_calls(request, self.instances[source],
@@ -121,7 +125,7 @@ class KVTransfers:
     # ---- session history ----
     def read_history(self, request: Request, target_id: int, num_bytes: float) -> None:
         """Read a remote prefill's session history from its home instance."""
-        now = self._clock()
+        now = self._view.now_s
         self.links.start(HistoryRead(request, target_id), now, request.home_instance,
                          target_id, num_bytes, self.settings.transfer_calls)
         self._start_s[request.request_id] = now
@@ -144,7 +148,7 @@ class KVTransfers:
     def on_link_event(self) -> None:
         """The links' scheduled (current) event is due."""
         self._event_s = math.inf
-        for done in self.links.advance(self._clock()):
+        for done in self.links.advance(self._view.now_s):
             if type(done) is HistoryRead:
                 self._history_read_done(done)
             else:
@@ -153,13 +157,13 @@ class KVTransfers:
 
     def _history_read_done(self, read: HistoryRead) -> None:
         request = read.request
-        request.transfer_s += self._clock() - self._start_s.pop(request.request_id)
+        request.transfer_s += self._view.now_s - self._start_s.pop(request.request_id)
         instance = self.instances[read.instance_id]
         self._touch(instance)
         instance.local.history_read_done(request)
 
     def _transfer_done(self, request: Request) -> None:
-        request.transfer_s += self._clock() - self._start_s.pop(request.request_id)
+        request.transfer_s += self._view.now_s - self._start_s.pop(request.request_id)
         source = self.instances[self._source.pop(request.request_id)]
         target = self.instances[request.decode_instance]
         self._touch(source)

@@ -105,7 +105,7 @@ class LinkSimulator:
             if join_s >= time_s:
                 continue
             out, into = transfer.ports
-            if users[out] == 1 and users[into] == 1 and transfer.num_bytes > 0:
+            if users[out] == 1 and users[into] == 1 and transfer.num_bytes > 0.0:
                 join_s += transfer.num_bytes / min(capacity[out], capacity[into])  # its end
             if join_s < time_s:
                 time_s = join_s
@@ -122,7 +122,7 @@ class LinkSimulator:
             out, into = transfer.ports
             users = self._users
             if join_s <= now_s and users[out] == 1 and users[into] == 1 and (
-                    transfer.num_bytes <= 0 or join_s + transfer.num_bytes / min(
+                    transfer.num_bytes <= 0.0 or join_s + transfer.num_bytes / min(
                         self._capacity[out], self._capacity[into]) <= now_s):
                 joining.clear()
                 users[out] = users[into] = 0
@@ -160,7 +160,7 @@ class LinkSimulator:
             while joining and joining[0][0] <= time_s:
                 transfer = heapq.heappop(joining)[2]
                 out, into = transfer.ports
-                if transfer.num_bytes <= 0:
+                if transfer.num_bytes <= 0.0:
                     users[out] -= 1
                     users[into] -= 1
                     self._ended.append(transfer.key)
@@ -221,7 +221,7 @@ class LinkSimulator:
     def _set_rate(transfer: _Transfer, rate: float, now_s: float) -> None:
         if rate == transfer.rate:
             return  # its finish time stands
-        if transfer.rate > 0:
+        if transfer.rate > 0.0:
             transfer.num_bytes = (transfer.finish_s - now_s) * transfer.rate
         transfer.rate = rate
         transfer.finish_s = now_s + transfer.num_bytes / rate

@@ -23,6 +23,7 @@ prefills of rounds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 from pdserve.cluster.sessions import HistorySource
 from pdserve.instance.local_scheduler import LocalScheduler
@@ -53,7 +54,7 @@ class SessionRounds:
             first.append(rounds[0])
             for before, after in zip(rounds, rounds[1:], strict=False):
                 self._next[before.request_id] = after
-        first.sort(key=lambda r: r.arrival_s)
+        first.sort(key=attrgetter("arrival_s"))  # (a C key: no Python call per request)
         self.first = first
         self.pending = len(self._next)  # rounds not yet released
 

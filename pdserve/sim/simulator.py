@@ -32,9 +32,9 @@ is one call per decode per batch and no per-token list.
 from __future__ import annotations
 
 import gc
-import heapq
 import math
 from collections.abc import Callable, Sequence
+from heapq import heappop, heappush
 
 from pdserve.cluster.actions import (
     Action,
@@ -139,7 +139,7 @@ class Simulator:
         self._stalled_ticks = 0
         self._watch: AttainmentWatch | None = None  # a goodput step's early stop (`run`)
         self.transfers = KVTransfers(self.instances, self.perfs, LinkSimulator(self.topology),
-                                     self.settings, self._clock, self._push, self._touch)
+                                     self.settings, self.view, self._push, self._touch)
         self.lifecycle = InstanceLifecycle(self.instances, self.settings.instance_startup_s)
         self.sessions = SimSessions([i.local for i in self.instances], self.perfs,
                                     lambda i: self._touch(self.instances[i]))
@@ -151,7 +151,7 @@ class Simulator:
     # ---- event queue ----
     def _push(self, time_s: float, kind: int, payload: object, version: int = 0) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (time_s, self._seq, kind, payload, version))
+        heappush(self._heap, (time_s, self._seq, kind, payload, version))
 
     def _touch(self, instance: SimInstance) -> None:
         """New work for `instance`: cut its span short, or start it after this event."""
@@ -170,8 +170,7 @@ class Simulator:
                 end = instance.start_batch(now_s)
                 if end is not None:
                     self._seq += 1
-                    heapq.heappush(heap, (end, self._seq, _BATCH_DONE, instance,
-                                          instance.version))
+                    heappush(heap, (end, self._seq, _BATCH_DONE, instance, instance.version))
                 if instance.local.history_reads:
                     self.sessions.start_history_reads(instance, self.transfers)
         self._kicked.clear()
@@ -361,7 +360,7 @@ class Simulator:
     def _loop(self, requests: list[Request], on_progress: Callable[[int], None] | None,
               watch: AttainmentWatch | None) -> int:
         """The event loop of `run`; returns the events handled."""
-        view, heap = self.view, self._heap
+        view, heap, kicked, transfers = self.view, self._heap, self._kicked, self.transfers
         arrivals = iter(self.sessions.load(requests))
         next_arrival = next(arrivals, None)
         self._arrivals_pending = next_arrival is not None
@@ -375,16 +374,16 @@ class Simulator:
                 next_arrival = next(arrivals, None)
                 self._arrivals_pending = next_arrival is not None
             else:
-                time_s, _, kind, payload, version = heapq.heappop(heap)
+                time_s, _, kind, payload, version = heappop(heap)
                 view.now_s = time_s
                 if kind == _BATCH_DONE:
                     if version != payload.version:  # type: ignore[union-attr]
                         continue  # superseded by an interrupt
                     self._on_batch_done(payload)  # type: ignore[arg-type]
                 elif kind == _LINK_EVENT:
-                    if not self.transfers.current(version):
+                    if not transfers.current(version):
                         continue  # superseded: the links changed since
-                    self.transfers.on_link_event()
+                    transfers.on_link_event()
                 elif kind == _ARRIVAL:
                     self._arrive(payload)  # type: ignore[arg-type]
                 elif kind == _INSTANCE_STARTED:
@@ -394,7 +393,7 @@ class Simulator:
                     if on_progress is not None:
                         on_progress(self._completed)
             events += 1
-            if self._kicked:
+            if kicked:
                 self._start_kicked()
             if watch is not None and watch.decided:
                 break
