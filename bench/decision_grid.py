@@ -96,11 +96,20 @@ class Question:
     slo: str  # "loose" or "tight"
     ttft_slo_s: float
     tpot_slo_s: float
+    # attainment on TTFT until the decode instance's first token (the wait for a decode
+    # slot counts: `slo.counts_decode_queue`), not until the prefill's
+    counts_decode_queue: bool = False
+
+    @property
+    def aic_key(self) -> str:
+        """The question as AIC is asked it (it has no queue: one answer for both
+        definitions)."""
+        return (f"{self.model}/{self.gpu}/{self.input_tokens}:{self.output_tokens}/"
+                f"{self.ttft_slo_s:g}s:{self.tpot_slo_s * 1000:g}ms")
 
     @property
     def key(self) -> str:
-        return (f"{self.model}/{self.gpu}/{self.input_tokens}:{self.output_tokens}/"
-                f"{self.ttft_slo_s:g}s:{self.tpot_slo_s * 1000:g}ms")
+        return self.aic_key + ("/decode-queue" if self.counts_decode_queue else "")
 
     def aic_command(self) -> list[str]:
         return ["aiconfigurator", "cli", "default", "--model-path", AIC_MODELS[self.model],
@@ -112,7 +121,8 @@ class Question:
 
 def questions(models: list[str] | None = None, gpus: list[str] | None = None,
               lengths: list[tuple[int, int]] | None = None,
-              slos: list[str] | None = None, half: int | None = None) -> list[Question]:
+              slos: list[str] | None = None, half: int | None = None,
+              counts_decode_queue: bool = False) -> list[Question]:
     """The grid, model by model (each filter: None keeps every level). `half` 0 or 1: one of
     two complementary halves of 12 questions, each with every model at every length and SLO
     pair, the GPU alternating across them, so every level of every factor appears in both
@@ -131,7 +141,8 @@ def questions(models: list[str] | None = None, gpus: list[str] | None = None,
                     if half is not None and (m + 2 * li + si + g) % 2 != half:
                         continue
                     if not gpus or gpu in gpus:
-                        found.append(Question(model, gpu, isl, osl, name, ttft_s, tpot_s))
+                        found.append(Question(model, gpu, isl, osl, name, ttft_s, tpot_s,
+                                              counts_decode_queue))
     return found
 
 
@@ -248,7 +259,8 @@ def base_config(question: Question, requests: int = SYNTHETIC_CAP) -> Any:
         "workload.synthetic_lengths": f"fixed:{question.input_tokens}:{question.output_tokens}",
         "workload.synthetic_requests": requests, "perf.model": question.model,
         "perf.gpu": question.gpu, "slo.ttft_s": question.ttft_slo_s,
-        "slo.tpot_s": question.tpot_slo_s})
+        "slo.tpot_s": question.tpot_slo_s,
+        "slo.counts_decode_queue": question.counts_decode_queue})
 
 
 def plan_question(question: Question, jobs: int, shortlist: int, seeds: int
@@ -596,6 +608,10 @@ def main() -> None:
     parser.add_argument("--aic-cache", type=Path, default=RESULTS / "aic_decisions.json")
     parser.add_argument("--reuse-aic", action="store_true",
                         help="take AIC's answer from --aic-cache where it has one")
+    parser.add_argument("--counts-decode-queue", action="store_true",
+                        help="judge attainment on TTFT until the decode instance's first "
+                        "token (the wait for a decode slot counts); recorded under its own "
+                        "keys")
     parser.add_argument("--no-explain", action="store_true",
                         help="skip the runs at AIC's rates")
     parser.add_argument("--steps-only", action="store_true",
@@ -607,7 +623,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=RESULTS / "decision_grid.json",
                         help="the grid's record (questions already in it are kept)")
     args = parser.parse_args()
-    grid = questions(args.models, args.gpus, args.lengths, args.slos, args.half)
+    grid = questions(args.models, args.gpus, args.lengths, args.slos, args.half,
+                     args.counts_decode_queue)
     cache: dict[str, Any] = (json.loads(args.aic_cache.read_text())
                              if args.aic_cache.exists() else {})
     record: dict[str, Any] = json.loads(args.json.read_text()) if args.json.exists() else {}
@@ -627,11 +644,11 @@ def main() -> None:
     for question in grid:
         if args.skip_done and question.key in record:
             continue
-        if args.reuse_aic and question.key in cache:
-            aic = AicAnswer.from_json(cache[question.key])
+        if args.reuse_aic and question.aic_key in cache:
+            aic = AicAnswer.from_json(cache[question.aic_key])
         else:
             aic, _ = run_aic(question)
-            cache[question.key] = asdict(aic)
+            cache[question.aic_key] = asdict(aic)
             args.aic_cache.parent.mkdir(parents=True, exist_ok=True)
             args.aic_cache.write_text(json.dumps(cache, indent=1) + "\n")
         pd = plan_question(question, args.jobs, args.shortlist, args.seeds)
