@@ -119,6 +119,9 @@ def test_a_comparison_tunes_each_contender_and_calls_the_known_winner() -> None:
         assert all(s.goodput_rps > 0 and len(s.history) == 2 for s in contender.seeds)
         assert contender.goodput.low <= contender.goodput.mean < contender.goodput.high
     assert colocated.goodput.mean > 1.6 * static.goodput.mean  # about twice
+    # 100,000 synthetic requests: no run ran out of them, although the shorter run's higher
+    # goodput replayed more requests than the doubled one
+    assert not any(s.capped for c in result.contenders for s in c.seeds)
     (outcome,) = result.outcomes
     assert outcome.against == "static-pd" and outcome.result == WIN
     text = format_verdict(result)
@@ -146,3 +149,19 @@ def test_a_run_longer_than_its_trace_replays_the_trace_and_the_seeds_see_other_w
     # a base that fixes its own window replays that window whole, as before
     fixed = WorkloadSamples(base.with_values({"workload.max_requests": 1000}), 3)
     assert fixed.values(long, 0, 12_000) == {}
+
+
+def test_a_run_its_workload_cannot_fill_is_flagged() -> None:
+    capped = DECODE_HEAVY.with_values({"workload.synthetic_requests": 60,
+                                       "policy.name": "colocated", "cluster.instances": 2})
+    comparison = Comparison(
+        "capped", capped, 2, (Contender("colocated", "colocated", (("policy.name", "colocated"),)),
+                              Contender("static-pd", "static-pd", (("policy.name", "static-pd"),
+                                                                   ("cluster.prefill", 1),
+                                                                   ("cluster.decode", 1)))),
+        TINY, Measurement(seeds=3, duration_s=1.0, min_requests=50, lifetimes=0.0,
+                          max_doublings=1), tune=False)
+    result = VerdictRun(comparison).run()
+    for contender in result.contenders:  # each run asks for >= 100 requests, 60 exist
+        assert all(s.capped and s.requests == 60 for s in contender.seeds)
+    assert "workload ran out" in format_verdict(result)

@@ -125,7 +125,7 @@ class SeedResult:
     stationary: bool
     history: tuple[float, ...]
     requests: int  # replayed by the final run at the goodput rate
-    capped: bool  # the workload ran out: the doubled run replayed no more requests
+    capped: bool  # the workload ran out: the final run replayed fewer requests than asked
     ttft_p90_s: float
     tpot_p90_s: float
 
@@ -259,9 +259,10 @@ def _measure_seed(task: _SeedTask) -> SeedResult:
 
     found = stationary_goodput(goodput_at, m.stationary_tol, m.max_doublings)
     last: TrialResult = trials[found.factor]
-    # the workload ran out: the doubled run replayed no more requests (a synthetic cap, or
-    # a window of a trace that the base config fixed)
-    capped = last.requests > 0 and last.requests <= trials[found.factor // 2].requests
+    # the workload ran out: the final run replayed fewer requests than its length asks for
+    # (a synthetic cap, or a window of a trace that the base config fixed)
+    capped = 0 < last.requests < m.fidelity(found.factor).requests(last.goodput_rps,
+                                                                   samples.lifetime_s)
     return SeedResult(task.seed, found.goodput_rps, found.factor, found.stationary,
                       found.history, last.requests, capped, last.ttft_p90_s, last.tpot_p90_s)
 
