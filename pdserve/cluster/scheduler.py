@@ -50,7 +50,7 @@ from pdserve.cluster.events import (
 )
 from pdserve.cluster.roles import RoleBoard
 from pdserve.policies.base import Policy, RejectRequest
-from pdserve.types import KV_BLOCK_TOKENS, Request, Role
+from pdserve.types import KV_BLOCK_TOKENS, Request, Role, blocks_for
 
 
 class GlobalScheduler:
@@ -121,8 +121,7 @@ class GlobalScheduler:
         if not board.prefill_candidates or not board.decode_candidates:
             return "no instance is available to serve the request"
         instances = view.instances
-        # blocks_for(input + output), inline (every arrival)
-        needed = -(-(request.input_tokens + request.output_tokens) // KV_BLOCK_TOKENS)
+        needed = blocks_for(request.input_tokens + request.output_tokens)
         for i in board.decode_candidates:
             if instances[i].total_blocks >= needed:
                 return ""  # fits somewhere (the largest capacity matters only for the reason)

@@ -47,8 +47,7 @@ class HandoffQueues:
 
     # ---- coming in ----
     def queue_transfer(self, request: Request) -> None:
-        # sequence_tokens, inline: a property read is a fresh frame (hot, as in join_next)
-        self.incoming_tokens += request.input_tokens + request.generated_tokens
+        self.incoming_tokens += request.sequence_tokens
         self.transfer_queue.append(request)
 
     def start_transfer(self) -> Request:
@@ -68,7 +67,7 @@ class HandoffQueues:
     def join_next(self) -> Request:
         """The oldest ready request leaves to join the running batch."""
         request = self.ready.popleft()
-        self.incoming_tokens -= request.input_tokens + request.generated_tokens
+        self.incoming_tokens -= request.sequence_tokens
         return request
 
     def drop_incoming(self, request: Request) -> bool:

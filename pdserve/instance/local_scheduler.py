@@ -269,8 +269,7 @@ class LocalScheduler:
             self._admit_counter += 1
             request.admit_seq = self._admit_counter
             self.running[request.request_id] = request
-            # sequence_tokens, inline: a property read is a fresh frame (hot, as below)
-            self.running_tokens += request.input_tokens + request.generated_tokens
+            self.running_tokens += request.sequence_tokens
 
     def _grow_decodes(self) -> None:
         running = self.running.values()
@@ -329,8 +328,7 @@ class LocalScheduler:
     def _allocate_chunk(self, request: Request, budget_tokens: int) -> int:
         remaining = request.prefill_target_tokens - request.prefilled_tokens
         tokens = min(remaining, budget_tokens)
-        need = -(-(request.prefilled_tokens + tokens) // KV_BLOCK_TOKENS) \
-            - request.kv_blocks  # blocks_for(prefilled + tokens), inline (hot)
+        need = blocks_for(request.prefilled_tokens + tokens) - request.kv_blocks
         if not self.budget.try_take(need):
             return 0
         request.kv_blocks += need
@@ -502,7 +500,7 @@ class LocalScheduler:
 
     def _drop_running(self, request: Request) -> None:
         del self.running[request.request_id]
-        self.running_tokens -= request.input_tokens + request.generated_tokens
+        self.running_tokens -= request.sequence_tokens
 
     def _free_kv(self, request: Request) -> None:
         blocks, request.kv_blocks = request.kv_blocks, 0
@@ -560,8 +558,7 @@ class LocalScheduler:
         queue = self.transfer_queue
         while queue:
             request = queue[0]
-            # blocks_for(sequence_tokens - 1), inline (hot)
-            total = -(-(request.input_tokens + request.generated_tokens - 1) // KV_BLOCK_TOKENS)
+            total = blocks_for(request.sequence_tokens - 1)
             history = self.history.history_blocks(request, total)  # only new KV comes in
             if not self.budget.try_take(total - history, request.session_id):
                 break

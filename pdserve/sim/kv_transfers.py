@@ -98,9 +98,7 @@ class KVTransfers:
         for request in started:
             request_id = request.request_id
             source = self._source[request_id]
-            # the KV of its sequence_tokens - 1 (inline: a property read is a fresh frame),
-            # less the session history already there
-            tokens = request.input_tokens + request.generated_tokens - 1
+            tokens = request.sequence_tokens - 1  # less the session history already there:
             tokens -= local.transfer_reused_tokens.pop(request_id, 0)
             num_bytes = tokens * self.perfs[source].kv_bytes_per_token
             calls = self._fixed_calls or self._transfer_calls(request, self.instances[source],
