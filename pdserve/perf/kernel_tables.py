@@ -117,14 +117,14 @@ class KernelTables:
 
 
 def _grid(arrays: dict[str, np.ndarray], prefix: str, axes: tuple[str, ...],
-          order: tuple[int, ...]) -> LogGrid:
+          order: tuple[int, ...], smooth: bool = False) -> LogGrid:
     """A grid from `prefix/<axis>` arrays and `prefix/latency_ms`, axes reordered."""
     values = arrays[f"{prefix}/latency_ms"].astype(np.float64) * 1e-3
     return LogGrid(tuple(arrays[f"{prefix}/{axes[i]}"] for i in order),
-                   np.transpose(values, order))
+                   np.transpose(values, order), smooth)
 
 
-def _heads(arrays: dict[str, np.ndarray], prefix: str) -> HeadTable:
+def _heads(arrays: dict[str, np.ndarray], prefix: str, smooth: bool) -> HeadTable:
     values = arrays[f"{prefix}/latency_ms"].astype(np.float64) * 1e-3
     batch, length = arrays[f"{prefix}/batch"], arrays[f"{prefix}/length"]
     length = np.maximum(length, 1)
@@ -133,11 +133,17 @@ def _heads(arrays: dict[str, np.ndarray], prefix: str) -> HeadTable:
                                     strict=True)):
         if np.isfinite(values[i]).any():
             pairs.append((int(q), int(kv)))
-            grids.append(LogGrid((batch, length), values[i]))
+            grids.append(LogGrid((batch, length), values[i], smooth))
     return HeadTable(tuple(pairs), tuple(grids))
 
 
 def parse_tables(gpu: str, data: bytes) -> KernelTables:
+    """The tables of one GPU. Along their size axis prefill attention is interpolated by a
+    monotone cubic (`LogGrid.smooth`), the others straight: chosen by held-out error
+    (docs/results/fidelity.md, "Prefill attention along its length"). The cubic lowers
+    prefill attention's held-out P90 in every GPU x engine table, whichever fifth of the
+    rows is held out; it raises the GEMMs' and decode attention's, whose neighbouring sizes
+    can run other kernels, and all-reduce's on most PCIe-GPU tables (NCCL's protocols)."""
     with np.load(io.BytesIO(data)) as npz:
         arrays = {name: npz[name] for name in npz.files}
     meta = json.loads(arrays.pop("meta").tobytes().decode())
@@ -150,8 +156,8 @@ def parse_tables(gpu: str, data: bytes) -> KernelTables:
             if f"{name}/all_reduce/{kind}/gpus" in arrays:
                 reduce[kind] = _grid(arrays, f"{name}/all_reduce/{kind}", ("gpus", "bytes"),
                                      (0, 1))
-        backends[name] = BackendTables(name, gemm, _heads(arrays, f"{name}/context"),
-                                       _heads(arrays, f"{name}/generation"), reduce)
+        backends[name] = BackendTables(name, gemm, _heads(arrays, f"{name}/context", True),
+                                       _heads(arrays, f"{name}/generation", False), reduce)
     send = _grid(arrays, "send_recv", ("bytes",), (0,))
     return KernelTables(gpu, meta, backends, send)
 

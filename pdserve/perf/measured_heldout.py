@@ -32,7 +32,8 @@ def _grid_errors(grid: LogGrid, min_seconds: float = 0.0) -> list[float]:
             if seconds >= min_seconds]
 
 
-def _head_errors(table: HeadTable, min_seconds: float) -> list[float]:
+def held_out_head_errors(table: HeadTable, min_seconds: float = 0.0) -> list[float]:
+    """The held-out errors (%) of every (query heads, KV heads) grid of an attention table."""
     errors: list[float] = []
     for grid in table.grids:
         errors += _grid_errors(grid, min_seconds)
@@ -52,8 +53,8 @@ def held_out_errors(gpu: str, backend: str, min_seconds: float = 0.0
     tables = shipped_tables(gpu).backends[backend]
     errors: dict[str, list[float]] = {
         "gemm": _grid_errors(tables.gemm["bf16"], min_seconds),
-        "context_attention": _head_errors(tables.context, min_seconds),
-        "generation_attention": _head_errors(tables.generation, min_seconds),
+        "context_attention": held_out_head_errors(tables.context, min_seconds),
+        "generation_attention": held_out_head_errors(tables.generation, min_seconds),
         "all_reduce": [e for kind in ("graph", "nccl") if kind in tables.all_reduce
                        for e in _grid_errors(tables.all_reduce[kind], min_seconds)],
     }
