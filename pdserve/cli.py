@@ -19,7 +19,9 @@ from pdserve.config_flags import (
     SLO_FLAGS,
     WORKLOAD_FLAGS,
     add_flags,
+    at_least,
     config_from_args,
+    positive_seconds,
 )
 from pdserve.engine.profile_cli import add_profile_parser
 from pdserve.live.ray_local import add_ray_local_parser
@@ -157,10 +159,10 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--start", type=float, default=0.0, help="skip START s of the trace")
     p.add_argument("--duration", type=float, default=60.0,
                    help="seconds of replay, after rate scaling [60]")
-    p.add_argument("--max-input-tokens", type=int, default=2048, help="cap prompts [2048]")
-    p.add_argument("--max-output-tokens", type=int, default=256, help="cap outputs [256]")
-    p.add_argument("--max-in-flight", type=int, default=256, help="[256]")
-    p.add_argument("--timeout", type=float, default=0.0,
+    p.add_argument("--max-input-tokens", type=at_least(1), default=2048, help="cap prompts [2048]")
+    p.add_argument("--max-output-tokens", type=at_least(1), default=256, help="cap outputs [256]")
+    p.add_argument("--max-in-flight", type=at_least(1), default=256, help="[256]")
+    p.add_argument("--timeout", type=positive_seconds, default=None,
                    help="limit for the whole replay [duration + 120 s]")
     slo = Config().slo
     p.add_argument("--ttft-slo", type=float, default=slo.ttft_s, help=f"[{slo.ttft_s:g}]")
@@ -213,7 +215,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             model = listing.json()["data"][0]["id"]
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as err:
             raise ValueError(f"cannot list models at {args.url}: {err}") from err
-    timeout = args.timeout or args.duration + 120
+    timeout = args.timeout if args.timeout is not None else args.duration + 120
     if len(workload) < FEW_REQUESTS:
         print(f"pdserve bench: warning: the window holds only {len(workload)} request(s); "
               f"the figures below say little (use a longer --duration or a higher "

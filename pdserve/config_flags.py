@@ -13,6 +13,7 @@ the tree.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -304,3 +305,24 @@ SERVE_FLAGS = (
          "choices"),
     *MONITOR_FLAGS,
 )
+
+
+# argparse types for the commands' own options (not config fields, which the tree checks)
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer no smaller than `minimum` (a count of GPUs, processes,
+    seeds: 0 must not stand for "the default")."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    parse.__name__ = "integer"  # argparse's message for a non-number: "invalid integer value"
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value

@@ -280,3 +280,17 @@ def test_profile_under_contention_labels_the_model_and_cleans_up():
     assert multiprocessing.active_children() == []  # the decoding helpers are gone
     with pytest.raises(ValueError, match="contention must not be negative"):
         profile_engine("tiny", 64, QUICK_GRID, contention=-1)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-in-flight", "0"], "argument --max-in-flight: must be at least 1, got 0"),
+    (["--timeout", "-1"], "argument --timeout: must be a number of seconds above 0"),
+    (["--max-output-tokens", "0"], "argument --max-output-tokens: must be at least 1"),
+])
+def test_bench_refuses_limits_that_would_stall_or_end_the_replay(flags, message, capsys):
+    """`pdserve bench --max-in-flight 0` would admit no request and `--timeout -1` end the
+    replay before it starts: usage errors, before any connection (the URL is refused)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--url", "http://127.0.0.1:9", *flags])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

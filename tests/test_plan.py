@@ -387,3 +387,23 @@ def test_a_deployment_the_screen_fails_at_every_rate_is_searched_down_from_its_c
     for record in tried:
         assert record.short.goodput_rps == 0.0  # the simulation agrees: no rate meets it
     assert not outcome.stopped_at_limit and outcome.wall_s < 30
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpus", "0"], "argument --gpus: must be at least 1, got 0"),
+    (["--jobs", "0"], "argument --jobs/--processes: must be at least 1, got 0"),
+    (["--seeds", "0"], "argument --seeds: must be at least 1, got 0"),
+    (["--verify", "-1"], "argument --verify: must be at least 0, got -1"),
+    (["--time-limit", "nan"], "argument --time-limit: must be a number of seconds above 0"),
+    (["--time-limit", "-5"], "argument --time-limit: must be a number of seconds above 0"),
+    (["--policy", "taichi", "--instances", "1"], "argument --instances: must be at least 2"),
+    (["--gpus", "1.5"], "argument --gpus: invalid integer value: '1.5'"),
+])
+def test_plan_refuses_counts_and_limits_that_mean_nothing(flags, message, capsys):
+    """0 GPUs or processes used to plan for the defaults (8 GPUs, every CPU) and a negative
+    time limit to skip every simulation: each is now a usage error naming its flag."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--no-progress", *flags])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.config import Config
-from pdserve.config_flags import PERF_SOURCE_FLAGS, Flag, add_flags, shown_default
+from pdserve.config_flags import (
+    PERF_SOURCE_FLAGS,
+    Flag,
+    add_flags,
+    at_least,
+    positive_seconds,
+    shown_default,
+)
 from pdserve.planning import ampd, planner, taichi
 from pdserve.policies.search_spaces import SEARCH_SPACES, spaces_for
 
@@ -101,19 +108,19 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flags(shared, PERF_SOURCE_FLAGS, Config())  # the same default for both planners
     shared.add_argument("--config", type=Path, help="YAML file of the config tree (the "
                         "workload, model, SLOs); options override it")
-    shared.add_argument("--gpus", type=int, help="GPUs to deploy on (ampd: required) "
+    shared.add_argument("--gpus", type=at_least(1), help="GPUs to deploy on (ampd: required) "
                         f"[all: {planner.DEFAULT_GPUS}]")
-    shared.add_argument("--top", type=int, help="results to print [taichi: 5, ampd: 3]")
+    shared.add_argument("--top", type=at_least(1), help="results to print [taichi: 5, ampd: 3]")
     shared.add_argument("--out", type=Path, help="taichi, ampd: write summary.json (every "
                         "candidate) and report.html (their Pareto plot and table) here; all: "
                         "winner.yaml (for simulate/serve --config), pareto.png, pareto.json, "
                         "summary.json (the --json record) and report.html")
-    shared.add_argument("--jobs", "--processes", dest="jobs", type=int,
+    shared.add_argument("--jobs", "--processes", dest="jobs", type=at_least(1),
                         help="simulations in parallel [taichi, ampd: 2; all: the CPUs]")
-    shared.add_argument("--time-limit", type=float, help="seconds; what is not done by then "
-                        "is skipped (taichi: the search; all: the whole command) [taichi: "
-                        "600, all: 85]")
-    shared.add_argument("--verify", type=int, metavar="K", help="all: confirm the K "
+    shared.add_argument("--time-limit", type=positive_seconds, help="seconds; what is not "
+                        "done by then is skipped (taichi: the search; all: the whole command) "
+                        "[taichi: 600, all: 85]")
+    shared.add_argument("--verify", type=at_least(0), metavar="K", help="all: confirm the K "
                         "policies with the best short runs by long multi-seed runs; ampd: "
                         "simulate the ILP's K best deployments as whole clusters under ampd "
                         "and rank them by SLO attainment (pdserve's addition) [all: 2, ampd: 0]")
@@ -121,16 +128,16 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flags(p.add_argument_group("taichi, all"), LENGTHS_AND_DEGREE_FLAGS, Config())
     tc = p.add_argument_group("taichi")
     cluster = Config().cluster
-    tc.add_argument("--instances", type=int, help=f"instances to place [--prefill + --decode "
-                    f"of the config: {cluster.prefill + cluster.decode}]")
+    tc.add_argument("--instances", type=at_least(2), help=f"instances to place [--prefill + "
+                    f"--decode of the config: {cluster.prefill + cluster.decode}]")
     tc.add_argument("--chunk-sizes", default="256,512,1024,2048",
                     help="S_P candidates, tokens, comma-separated [256,512,1024,2048]")
     tc.add_argument("--d-chunk-sizes", default="0,64,128,256,512",
                     help="S_D candidates (0: disaggregation) [0,64,128,256,512]")
     every = p.add_argument_group("all")
-    every.add_argument("--shortlist", type=int, default=2,
+    every.add_argument("--shortlist", type=at_least(1), default=2,
                        help="short simulations per policy [2]")
-    every.add_argument("--seeds", type=int, default=3,
+    every.add_argument("--seeds", type=at_least(1), default=3,
                        help="long samples per confirmed candidate (trace windows or "
                        "synthetic seeds) [3]")
     every.add_argument("--json", type=Path, help="write the plan's record here")
