@@ -203,6 +203,11 @@ def test_a_grammar_constraint_in_lark(server):
     ({"structured_outputs": {"grammar": "start: foo"}}, "structured_outputs.grammar",
      "unknown name"),
     ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+    # a schema given as JSON text is held to the body's nesting limit: as deep as Python's
+    # parser recurses, it was a 500 (RecursionError)
+    ({"guided_json": "[" * 5000 + "]" * 5000}, "guided_json", "nests deeper than 32"),
+    ({"structured_outputs": {"json": '{"items":' * 40 + "{}" + "}" * 40}},
+     "structured_outputs.json", "nests deeper than 32"),
     ({"guided_choice": []}, "guided_choice", "at least 1 item"),
     ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice",
      "got guided_regex and guided_choice"),
