@@ -117,6 +117,18 @@ def test_a_failed_batch_rewinds_the_matcher_with_the_tokens(tiny):
     assert engine.sequences[0].generated == whole
 
 
+def test_a_matcher_that_fails_its_mask_fails_the_request_instead_of_ending_it(tiny):
+    """A constraint past one of llguidance's limits (or admitting nothing) errs when its
+    mask is computed; its mask then allows only EOS, and the output used to end ("stop")
+    as if the constraint were complete."""
+    model, tokenizer = tiny
+    engine = Engine(model, tokenizer, 64)
+    params = SamplingParams(max_tokens=10, temperature=0.0,
+                            constraint=OutputConstraint("json", '{"$ref": "#"}'))
+    with pytest.raises(ValueError, match="cannot be matched"):
+        engine_run(engine, 0, tokenizer.encode("Answer:"), params)
+
+
 def test_compiled_grammars_are_cached_and_bounded(tiny):
     _, tokenizer = tiny
     grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size)
@@ -203,6 +215,11 @@ def test_a_grammar_constraint_in_lark(server):
     ({"structured_outputs": {"grammar": "start: foo"}}, "structured_outputs.grammar",
      "unknown name"),
     ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+    # a schema given as JSON text is held to the body's nesting limit: as deep as Python's
+    # parser recurses, it was a 500 (RecursionError)
+    ({"guided_json": "[" * 5000 + "]" * 5000}, "guided_json", "nests deeper than 32"),
+    ({"structured_outputs": {"json": '{"items":' * 40 + "{}" + "}" * 40}},
+     "structured_outputs.json", "nests deeper than 32"),
     ({"guided_choice": []}, "guided_choice", "at least 1 item"),
     ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice",
      "got guided_regex and guided_choice"),
@@ -214,6 +231,8 @@ def test_a_grammar_constraint_in_lark(server):
      "response_format.json_schema.schema", "required"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag",
      "not supported"),
+    # compiles, but its first mask fails: it was answered 200 with "" and finish "stop"
+    ({"guided_json": {"$ref": "#"}}, "guided_json", "cannot be matched"),
 ])
 def test_an_invalid_or_second_constraint_is_a_400_at_the_door(server, fields, param, needle):
     base, driver = server

@@ -116,7 +116,15 @@ class ConstraintMatcher:
         self.vocab_size = vocab_size
 
     def allowed_tokens(self, vocab_size: int) -> torch.Tensor:
-        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        """The next step's mask; a matcher that fails computing it (a constraint past one of
+        llguidance's limits, or one that admits nothing, such as a schema that only refers to
+        itself) raises: its mask would allow only EOS, and the output would end as if it
+        were complete."""
+        bitmask = self._matcher.compute_bitmask()
+        if self._matcher.is_error():
+            raise ValueError("the output constraint cannot be matched: "
+                             f"{bounded_message(self._matcher.get_error())}")
+        bits = np.frombuffer(bitmask, dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
         mask = torch.zeros(vocab_size, dtype=torch.bool)
         width = min(vocab_size, self.vocab_size)
@@ -156,8 +164,14 @@ class GrammarCompiler:
         return self._ll_tokenizer
 
     def check(self, constraint: OutputConstraint) -> None:
-        """Raise `ConstraintError` (the grammar engine's message) if it does not compile."""
-        self._compiled_matcher(constraint)
+        """Raise `ConstraintError` (the grammar engine's message) if it does not compile, or
+        if it fails computing its first mask (a schema that only refers to itself)."""
+        first = ConstraintMatcher(self._compiled_matcher(constraint).deep_copy(),
+                                  self.vocab_size)
+        try:
+            first.allowed_tokens(self.vocab_size)
+        except ValueError as err:
+            raise ConstraintError(str(err)) from err
 
     def _compiled_matcher(self, constraint: OutputConstraint) -> Any:
         llguidance = _llguidance()

@@ -65,13 +65,15 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return raw
 
 
-def check_structure(value: Any, surrogates_possible: bool = True) -> None:
-    """Depth at most MAX_JSON_DEPTH; every string (key or value) valid Unicode."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+def check_structure(value: Any, surrogates_possible: bool = True,
+                    what: str = "request body") -> None:
+    """Depth at most MAX_JSON_DEPTH; every string (key or value) valid Unicode. `what` names
+    the JSON in the messages (and prefixes the paths of its parts) when it is not the body."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "" if what == "request body" else what)]
     while stack:
         item, depth, path = stack.pop()
         if depth > MAX_JSON_DEPTH:
-            raise APIError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
+            raise APIError(400, f"{what} nests deeper than {MAX_JSON_DEPTH} levels",
                            path or None)
         if isinstance(item, dict):
             for key, child in item.items():

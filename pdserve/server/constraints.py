@@ -23,6 +23,7 @@ from typing import Any
 
 from pdserve.engine.sampling_params import OutputConstraint
 from pdserve.engine.structured_output import ConstraintError, GrammarCompiler
+from pdserve.server.body import MAX_JSON_DEPTH, check_structure
 from pdserve.server.errors import APIError
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -56,11 +57,20 @@ def _no_additional_properties(schema: Any) -> None:
 
 
 def _schema_object(value: dict[str, Any] | str, param: str) -> dict[str, Any]:
+    """A schema given as a JSON text is held to the body's own rules (nesting, Unicode):
+    it did not pass through them as JSON."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
+        except RecursionError as err:
+            raise APIError(400, f"{param}: nests deeper than {MAX_JSON_DEPTH} levels",
+                           param) from err
         except json.JSONDecodeError as err:
             raise APIError(400, f"{param}: not valid JSON: {err}", param) from err
+        try:
+            check_structure(value, what=param)
+        except APIError as err:
+            raise APIError(400, err.message, param) from err
     if not isinstance(value, dict):
         raise APIError(400, f"{param}: a JSON Schema must be an object", param)
     return value
