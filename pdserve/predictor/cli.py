@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from pdserve.config_flags import at_least
+
 
 def _needs_engine(err: ImportError) -> ValueError:
     return ValueError(f"the predictor needs the engine extra (pip install 'pdserve[engine]'): "
@@ -114,7 +116,7 @@ def add_predictor_parser(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--temperature", type=float, default=0.7, help="0: greedy [0.7]")
     r.add_argument("--top-p", type=float, default=0.95, help="[0.95]")
     r.add_argument("--batch-size", type=int, default=16, help="sequences at once [16]")
-    r.add_argument("--threads", type=int, default=1, help="torch CPU threads [1]")
+    r.add_argument("--threads", type=at_least(1), default=1, help="torch CPU threads [1]")
     r.add_argument("--seed", type=int, default=0, help="prompt order and sampling seed [0]")
     r.add_argument("--progress-every", type=int, default=10,
                    help="print progress every N finished requests [10]")
@@ -132,7 +134,7 @@ def add_predictor_parser(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--weight-decay", type=float, default=1e-2, help="AdamW [1e-2]")
     t.add_argument("--batch-size", type=int, default=64, help="[64]")
     t.add_argument("--seed", type=int, default=0, help="split and initialisation seed [0]")
-    t.add_argument("--threads", type=int, default=1, help="torch CPU threads [1]")
+    t.add_argument("--threads", type=at_least(1), default=1, help="torch CPU threads [1]")
     t.add_argument("--search", action="store_true", help="grid over learning rate "
                    "(1e-4, 3e-4, 1e-3) and batch size (16, 64, 128), keep the best "
                    "validation MAE (--lr and --batch-size are then ignored)")
@@ -146,7 +148,7 @@ def add_predictor_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="split seed [the one the predictor was trained with]")
     e.add_argument("--quantile", type=float, default=0.5,
                    help="history baseline's quantile of output length [0.5]")
-    e.add_argument("--threads", type=int, default=1,
+    e.add_argument("--threads", type=at_least(1), default=1,
                    help="torch CPU threads while timing the MLP [1]")
     e.set_defaults(handler=_eval)
 
