@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import threading
+import time
 
 import httpx
 import jsonschema
@@ -25,6 +26,8 @@ from pdserve.engine.loader import load_model
 from pdserve.engine.sampling import SamplingParams
 from pdserve.engine.sampling_params import OutputConstraint
 from pdserve.engine.structured_output import GrammarCompiler
+from pdserve.worker.constraint_compiles import ConstraintCompiles
+from pdserve.worker.messages import AddRequest, Cancel
 
 torch.set_num_threads(1)
 
@@ -129,6 +132,30 @@ def test_a_matcher_that_fails_its_mask_fails_the_request_instead_of_ending_it(ti
         engine_run(engine, 0, tokenizer.encode("Answer:"), params)
 
 
+def test_commands_wait_for_their_constraint_in_order_and_one_compile_serves_all(tiny):
+    model, tokenizer = tiny
+    compiles = ConstraintCompiles(Engine(model, tokenizer, 64))
+    constraint = OutputConstraint("choice", json.dumps([f"c{i}" for i in range(3000)]))
+    params = SamplingParams(max_tokens=4, constraint=constraint)
+    first, second = (AddRequest(i, (1, 2, 3), params) for i in (1, 2))
+    unconstrained = AddRequest(3, (1, 2, 3), SamplingParams(max_tokens=4))
+    assert compiles.holds(first) and compiles.holds(second) and compiles.waiting
+    assert not compiles.holds(unconstrained)  # nothing to wait for
+    assert compiles.holds(Cancel(1))  # a later command of a parked request keeps its order
+    assert compiles.forget(2) == [second] and compiles.forget(2) == []
+    released: list = []
+    assert wait_until(lambda: bool(released.extend(compiles.released()) or released), 30)
+    assert released == [([first, Cancel(1)], None)] and not compiles.waiting
+    assert not compiles.holds(AddRequest(4, (1,), params))  # compiled: no wait now
+    bad = OutputConstraint("regex", "(")
+    assert compiles.holds(AddRequest(5, (1,), SamplingParams(max_tokens=4, constraint=bad)))
+    released = []
+    assert wait_until(lambda: bool(released.extend(compiles.released()) or released), 30)
+    [(commands, error)] = released
+    assert [c.request_id for c in commands] == [5] and isinstance(error, ValueError)
+    compiles.close()
+
+
 def test_compiled_grammars_are_cached_and_bounded(tiny):
     _, tokenizer = tiny
     grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size)
@@ -153,6 +180,44 @@ def server(tmp_path_factory):
 def complete(base: str, **fields) -> httpx.Response:
     return httpx.post(f"{base}/v1/completions", timeout=120,
                       json={"model": "tiny", "prompt": "Answer:", **fields})
+
+
+def test_a_large_new_constraint_compiles_beside_the_batch_loop_not_inside_it(server, tiny):
+    """A guided_choice of 40,000 strings takes a worker over a second to compile; it used
+    to compile inside the batch loop, so every other request on that worker waited as long.
+    Now it compiles in a thread (`worker/constraint_compiles.py`) while the loop steps: the
+    short requests sent meanwhile are served at once. (This constraint then fails alone
+    at its second token: past llguidance's 2,000 items in a parser row.)"""
+    base, _ = server
+    model, tokenizer = tiny
+    choices = [f"choice {i} z" for i in range(40_000)]
+    grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, model.config.vocab_size)
+    started = time.monotonic()
+    grammars.check(OutputConstraint("choice", json.dumps(choices)))
+    compile_s = time.monotonic() - started  # one worker's compile (~1.6 s here)
+    answer: dict[str, object] = {}
+
+    def constrained() -> None:
+        answer["response"] = complete(base, max_tokens=5, temperature=0.0,
+                                      guided_choice=choices)
+        answer["at"] = time.monotonic()
+
+    sent = time.monotonic()
+    thread = threading.Thread(target=constrained)
+    thread.start()
+    latencies: list[float] = []
+    while thread.is_alive() and time.monotonic() - sent < 60:  # short requests meanwhile
+        begin = time.monotonic()
+        short = complete(base, max_tokens=1, temperature=0.0)
+        assert short.status_code == 200, short.text[:300]
+        latencies.append(time.monotonic() - begin)
+    thread.join(60)
+    response = answer["response"]
+    assert isinstance(response, httpx.Response) and response.status_code == 400
+    assert "output constraint" in response.json()["error"]["message"]
+    assert isinstance(answer["at"], float) and answer["at"] - sent > 1.5 * compile_s
+    assert len(latencies) > 10
+    assert max(latencies) < min(0.6, compile_s / 2), (max(latencies), compile_s)
 
 
 @pytest.mark.parametrize("fields", [

@@ -173,6 +173,11 @@ class GrammarCompiler:
         except ValueError as err:
             raise ConstraintError(str(err)) from err
 
+    def is_compiled(self, constraint: OutputConstraint) -> bool:
+        """Whether `constraint` is compiled here already (`rebuild` then only copies it)."""
+        with self._lock:
+            return constraint in self._compiled
+
     def _compiled_matcher(self, constraint: OutputConstraint) -> Any:
         llguidance = _llguidance()
 

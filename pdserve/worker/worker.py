@@ -17,8 +17,10 @@ its load (`StatsReport`) when it changed and every `IDLE_REPORT_S`.
 
 The worker owns the requests here (by id) and the batch loop; it wires its collaborators:
 `KVMoves` (hand-offs in and out, the peers' pools), `LoadReporter` (what a load report
-carries and when an idle one is due), `WorkerSessions` (session histories) and
-`WorkerForecast` (ARES's decode-load forecast).
+carries and when an idle one is due), `WorkerSessions` (session histories),
+`WorkerForecast` (ARES's decode-load forecast) and `ConstraintCompiles` (a request whose
+structured-output constraint is new here waits for it to compile beside the loop, so a large
+one does not stall the other requests' steps).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from pdserve.perf.fitted import PerfModel
 from pdserve.perf.step_log import StepLog
 from pdserve.types import Request
 from pdserve.worker.batch_guard import describe, run_guarded
+from pdserve.worker.constraint_compiles import ConstraintCompiles, request_of
 from pdserve.worker.faults import exit_at_start_from_env, install_from_env
 from pdserve.worker.forecast import WorkerForecast
 from pdserve.worker.kv_moves import KVMoves, MapPeerPool
@@ -77,6 +80,8 @@ from pdserve.worker.messages import (
 )
 from pdserve.worker.reports import IDLE_REPORT_S, LoadReporter
 from pdserve.worker.sessions import WorkerSessions
+
+COMPILE_POLL_S = 0.01  # how often an idle worker looks for a finished constraint compile
 
 
 def release_freed_memory() -> None:
@@ -133,6 +138,7 @@ class Worker:
         self._executing: frozenset[int] = frozenset()
         self.forecast = WorkerForecast.build(decode_forecast, self.engine, self.local)
         self.reports = LoadReporter(instance_id, self.local, self.forecast)
+        self.compiles = ConstraintCompiles(self.engine)
 
     def send(self, event: Event) -> None:
         """An event to the driver (over the connection of the moment: a Ray-hosted worker
@@ -146,10 +152,14 @@ class Worker:
         try:
             idle = True
             while self.running:
-                while self.connection.poll(IDLE_REPORT_S if idle else 0):
+                wait_s = COMPILE_POLL_S if self.compiles.waiting else IDLE_REPORT_S
+                while self.connection.poll(wait_s if idle else 0):
                     self.handle_safely(self.connection.recv())
                     if not self.running:
                         return
+                    idle = False
+                for commands, error in self.compiles.released():
+                    self.handle_compiled(commands, error)
                     idle = False
                 self.kv_moves.start_transfers()
                 idle = not self.step()
@@ -158,19 +168,43 @@ class Worker:
                     if report is not None:
                         self.send(report)
         finally:
+            self.compiles.close()
             self.kv_moves.close()
             self.engine.pool.close()
 
     # ---- commands ----
     def handle_safely(self, command: Command) -> None:
-        """`handle`, failing the command's request (not the worker) if it raises."""
+        """`handle`, failing the command's request (not the worker) if it raises. A command
+        that waits for its constraint to compile is handled, and its dispatch counted (the
+        driver keeps it in flight until then), once it has (`handle_compiled`)."""
+        if isinstance(command, Cancel):  # a parked request's dispatch is resolved now
+            for parked in self.compiles.forget(command.request_id):
+                self.reports.count_dispatch(parked)
+        if self.compiles.holds(command):
+            return
         self.reports.count_dispatch(command)
+        self._handle_guarded(command)
+
+    def handle_compiled(self, commands: list[Command], error: Exception | None) -> None:
+        """A parked request's commands, its constraint compiled; or its failure, if the
+        constraint did not compile (as `add` fails an invalid one)."""
+        if error is None:
+            for command in commands:
+                self.reports.count_dispatch(command)
+                self._handle_guarded(command)
+            return
+        for command in commands:
+            self.reports.count_dispatch(command)
+        request_id = request_of(commands[0])
+        assert request_id is not None
+        self.drop(request_id)  # (a parked request holds nothing here yet)
+        self.send(WorkerError(self.instance_id, request_id, str(error)))
+
+    def _handle_guarded(self, command: Command) -> None:
         try:
             self.handle(command)
         except Exception as err:  # noqa: BLE001 - one request's failure, not the worker's
-            request_id = getattr(command, "request_id", None)
-            if request_id is None and isinstance(command, AdoptKV):
-                request_id = command.handoff.request_id
+            request_id = request_of(command)
             if request_id is None:
                 raise
             traceback.print_exc()
