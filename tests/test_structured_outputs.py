@@ -156,6 +156,18 @@ def test_commands_wait_for_their_constraint_in_order_and_one_compile_serves_all(
     compiles.close()
 
 
+def test_grammar_engine_messages_reach_a_client_without_its_internals():
+    from pdserve.engine.structured_output import bounded_message
+    panic = ("panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10\n"
+             "<backtrace>\n   0: <unknown>\n  16: type_call\n             at /tmp/x.rs")
+    assert bounded_message(panic) == (
+        "panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10")
+    assert bounded_message("Parser Error: max is 2000\n<non-verbose/>") == (
+        "Parser Error: max is 2000")
+    assert bounded_message("a\tb" + "x" * 500).startswith("a\\tb")
+    assert len(bounded_message("x" * 5000)) == 403  # 400 characters and "..."
+
+
 def test_compiled_grammars_are_cached_and_bounded(tiny):
     _, tokenizer = tiny
     grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size)
@@ -214,7 +226,9 @@ def test_a_large_new_constraint_compiles_beside_the_batch_loop_not_inside_it(ser
     thread.join(60)
     response = answer["response"]
     assert isinstance(response, httpx.Response) and response.status_code == 400
-    assert "output constraint" in response.json()["error"]["message"]
+    message = response.json()["error"]["message"]
+    assert "output constraint" in message and "max is 2000" in message
+    assert "<state>" not in message and "compute_time_us" not in message  # no parser dump
     assert isinstance(answer["at"], float) and answer["at"] - sent > 1.5 * compile_s
     assert len(latencies) > 10
     assert max(latencies) < min(0.6, compile_s / 2), (max(latencies), compile_s)

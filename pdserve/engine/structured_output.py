@@ -42,9 +42,15 @@ class ConstraintError(ValueError):
     """The constraint does not compile (the message is the grammar engine's, bounded)."""
 
 
+NON_VERBOSE_MARK = "<non-verbose/>"  # llguidance's tail where a parser-state dump would be
+BACKTRACE_MARK = "<backtrace>"  # where llguidance appends a Rust panic's stack
+
+
 def bounded_message(message: str) -> str:
-    """A grammar engine's message as a client may see it: control characters escaped, cut
-    to `MAX_ERROR_CHARS`."""
+    """A grammar engine's message as a client may see it: without llguidance's marker of
+    the state dump it leaves out or a panic's stack, control characters escaped, cut to
+    `MAX_ERROR_CHARS`."""
+    message = message.split(BACKTRACE_MARK)[0].removesuffix(NON_VERBOSE_MARK).rstrip()
     shown = "".join(char if char.isprintable() else repr(char)[1:-1] for char in message)
     return shown[:MAX_ERROR_CHARS] + ("..." if len(shown) > MAX_ERROR_CHARS else "")
 
@@ -188,10 +194,13 @@ class GrammarCompiler:
                 return known
             tokenizer = self._tokenizer()
         grammar = _grammar_text(constraint)
-        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+        # errors without the parser's state dump (tokens, row counts, timings): a client
+        # gets the reason, not the engine's internals
+        limits = llguidance.LLParserLimits(verbose_errors=False)
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer, limits=limits)
         if error:
             raise ConstraintError(bounded_message(error))
-        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise ConstraintError(bounded_message(matcher.get_error()))
         with self._lock:
