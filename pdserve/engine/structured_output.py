@@ -42,6 +42,11 @@ class ConstraintError(ValueError):
     """The constraint does not compile (the message is the grammar engine's, bounded)."""
 
 
+class ConstraintFailure(ValueError):
+    """A compiled constraint failed while matching the output (a limit of the grammar
+    engine, or a token it does not allow): the request's own content, failing it alone."""
+
+
 NON_VERBOSE_MARK = "<non-verbose/>"  # llguidance's tail where a parser-state dump would be
 BACKTRACE_MARK = "<backtrace>"  # where llguidance appends a Rust panic's stack
 
@@ -128,8 +133,8 @@ class ConstraintMatcher:
         were complete."""
         bitmask = self._matcher.compute_bitmask()
         if self._matcher.is_error():
-            raise ValueError("the output constraint cannot be matched: "
-                             f"{bounded_message(self._matcher.get_error())}")
+            raise ConstraintFailure("the output constraint cannot be matched: "
+                                    f"{bounded_message(self._matcher.get_error())}")
         bits = np.frombuffer(bitmask, dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
         mask = torch.zeros(vocab_size, dtype=torch.bool)
@@ -142,8 +147,8 @@ class ConstraintMatcher:
         if self._matcher.is_stopped():
             return  # complete: only the end of the output remains (EOS, if sampled)
         if not self._matcher.consume_token(token_id):
-            raise ValueError(f"token {token_id} does not satisfy the output constraint: "
-                             f"{bounded_message(self._matcher.get_error())}")
+            raise ConstraintFailure(f"token {token_id} does not satisfy the output "
+                                    f"constraint: {bounded_message(self._matcher.get_error())}")
 
     @property
     def complete(self) -> bool:

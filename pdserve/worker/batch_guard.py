@@ -14,7 +14,8 @@ grown for the step stay with their sequence, which needs them on the next try an
 then re-runs the batch's sequences one at a time: those that succeed alone give their token
 as if the batch had run; those that fail alone are the culprits. A culprit is blamed on its
 content ("invalid_request") unless every sequence of a batch of several failed alone, which
-points at the engine ("server_error").
+points at the engine ("server_error"); a sequence whose structured-output constraint failed
+(`ConstraintFailure`) is always its own culprit, and its message is the constraint's.
 
 Sampling with a seed uses a per-request generator; a sequence that drew before the failure
 and draws again on the re-run draws from an advanced stream (a temperature > 0 request
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 
 from pdserve.engine.engine import Engine
 from pdserve.engine.sequence import TokenOutput
+from pdserve.engine.structured_output import ConstraintFailure
 from pdserve.instance.local_scheduler import BatchPlan
 
 SequenceState = tuple[int, int, str]  # computed_tokens, len(token_ids), finish_reason
@@ -93,7 +95,9 @@ def run_guarded(engine: Engine, plan: BatchPlan) -> GuardedResult:
             return result
         engine_fault = len(items) > 1 and len(errors) == len(items)
         for request_id, err in errors.items():
-            if engine_fault:
+            if isinstance(err, ConstraintFailure):  # its own constraint, whatever the others
+                result.failures[request_id] = ("invalid_request", str(err))
+            elif engine_fault:
                 result.failures[request_id] = (
                     "server_error", f"the engine failed on every request of a batch: "
                                     f"{describe(batch_error)}")
