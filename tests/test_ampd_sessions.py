@@ -99,6 +99,36 @@ def test_eviction_frees_idle_history_lru_first() -> None:
     assert local.sessions.evictions_total == 1
 
 
+def test_kept_history_is_reclaimable_and_the_usage_gauge_counts_it_free() -> None:
+    """Session history kept for later rounds is in use, but a request short of memory
+    evicts it: `reclaimable_blocks` says how much, and `vllm:kv_cache_usage_perc` counts it
+    free, as vLLM counts its evictable prefix cache (an idle worker holding history read
+    84 % "used" before)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pdserve.cluster.history import InstanceState
+    from pdserve.instance.stats import InstanceStats
+    from pdserve.live.server_metrics import ClusterGauges, ServerMetrics
+    from pdserve.types import Role
+
+    local = local_scheduler(0, total_blocks=200, chunk_size_tokens=4096)
+    for sid in (1, 2):
+        finish(local, Request(sid, 0.0, 1000, 10, session_id=sid, retain_kv=True))
+    kept = 2 * blocks_for(1009)
+    assert local.used_blocks == kept and local.reclaimable_blocks == kept
+    local.sessions.lock(1)  # another worker reads it: not evictable meanwhile
+    assert local.reclaimable_blocks == blocks_for(1009)
+    stats = InstanceStats.of(local)
+    assert (stats.used_blocks, stats.reclaimable_blocks) == (kept, blocks_for(1009))
+    metrics = ServerMetrics("m", lambda: ClusterGauges([Role.DECODE], [InstanceState.UP],
+                                                       [stats], 0))
+    samples = {s.name: s.value for f in text_string_to_metric_families(
+        metrics.text().decode()) for s in f.samples}
+    assert samples["vllm:kv_cache_usage_perc"] == pytest.approx(blocks_for(1009) / 200)
+    assert samples["pdserve:kv_used_blocks"] == kept
+    assert samples["pdserve:kv_reclaimable_blocks"] == blocks_for(1009)
+
+
 def test_dropping_or_trimming_kept_history_gives_its_blocks_back() -> None:
     local = local_scheduler(0, total_blocks=200, chunk_size_tokens=4096)
     for sid in (1, 2):

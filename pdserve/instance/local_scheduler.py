@@ -170,6 +170,12 @@ class LocalScheduler:
         return self.budget.used_blocks
 
     @property
+    def reclaimable_blocks(self) -> int:
+        """Of `used_blocks`, the session history kept for later rounds that a request short
+        of memory would evict (prefix-cache entries no request uses count as free already)."""
+        return self.sessions.evictable_blocks
+
+    @property
     def prefill_running_len(self) -> int:
         return len(self.prefills.active)
 

@@ -130,6 +130,11 @@ class SessionCache:
         self.blocks -= freed
         return freed
 
+    @property
+    def evictable_blocks(self) -> int:
+        """Blocks `evict` could free: every history no other worker is reading."""
+        return sum(e.blocks for e in self._entries.values() if not e.locked)
+
     def evict(self, blocks_needed: int, keep_session: int = -1) -> int:
         """Evict entries, least recently used first, until `blocks_needed` blocks are
         freed or none is left; returns the blocks freed. Idle entries go first; pinned ones

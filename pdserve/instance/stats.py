@@ -49,6 +49,8 @@ class InstanceLoad(Protocol):
     def prefill_running_len(self) -> int: ...  # admitted prefills (partly computed)
     @property
     def sending_len(self) -> int: ...  # prefilled, KV held for a hand-off
+    @property
+    def reclaimable_blocks(self) -> int: ...  # of used_blocks: session history, evictable
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,7 @@ class InstanceStats:
     busy_s_total: float = 0.0
     prefill_running_len: int = 0
     sending_len: int = 0
+    reclaimable_blocks: int = 0
     # ARES: the worker's pre-computed decode-load forecast (`instance/decode_forecast.py`),
     # when the policy asked for one
     decode_forecast: DecodeForecast | None = None

@@ -208,8 +208,11 @@ class _ClusterCollector(Collector):
                            lambda x: max(0, x.prefill_queue_len - x.prefill_running_len)
                            + x.decode_queue_len)
         yield per_instance("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent "
-                           "usage, per live instance.",
-                           lambda x: x.used_blocks / x.total_blocks if x.total_blocks else 0.0)
+                           "usage, per live instance (as vLLM counts it: cached KV that a "
+                           "request short of memory would evict, here session history kept "
+                           "for later rounds, is free).",
+                           lambda x: (x.used_blocks - x.reclaimable_blocks) / x.total_blocks
+                           if x.total_blocks else 0.0)
         yield per_instance("vllm:num_preemptions", "Cumulative number of preemptions (KV "
                            "dropped, recomputed later), per live instance since its worker "
                            "started.", lambda x: x.preemptions_total, CounterMetricFamily)
@@ -217,8 +220,13 @@ class _ClusterCollector(Collector):
                            "per live instance.", lambda x: x.prefill_queue_len)
         yield per_instance("pdserve:decode_queue_len", "Decodes waiting for their KV or a "
                            "batch slot, per live instance.", lambda x: x.decode_queue_len)
-        yield per_instance("pdserve:kv_used_blocks", "KV blocks in use, per live instance.",
+        yield per_instance("pdserve:kv_used_blocks", "KV blocks in use, per live instance, "
+                           "including session history kept for later rounds.",
                            lambda x: x.used_blocks)
+        yield per_instance("pdserve:kv_reclaimable_blocks", "Of the KV blocks in use, the "
+                           "session history kept for later rounds that a request short of "
+                           "memory would evict, per live instance.",
+                           lambda x: x.reclaimable_blocks)
         yield per_instance("pdserve:kv_capacity_blocks", "KV blocks of the pool (16 tokens "
                            "each), per live instance.", lambda x: x.total_blocks)
         role = GaugeMetricFamily("pdserve:instance_role", "1 for the instance's current role, "

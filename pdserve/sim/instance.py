@@ -167,6 +167,10 @@ class SimInstance:
         return self.local.sending_len
 
     @property
+    def reclaimable_blocks(self) -> int:
+        return self.local.reclaimable_blocks
+
+    @property
     def busy_s_total(self) -> float:
         """Spans are decode-only, so their finished steps count as in decode_busy_s_total."""
         return self.local.busy_s_total + (self.decode_busy_s_total
