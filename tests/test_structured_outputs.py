@@ -195,7 +195,7 @@ def complete(base: str, **fields) -> httpx.Response:
 
 
 def test_a_large_new_constraint_compiles_beside_the_batch_loop_not_inside_it(server, tiny):
-    """A guided_choice of 40,000 strings takes a worker over a second to compile; it used
+    """A guided_choice of 40,000 strings takes a worker about a second to compile; it used
     to compile inside the batch loop, so every other request on that worker waited as long.
     Now it compiles in a thread (`worker/constraint_compiles.py`) while the loop steps: the
     short requests sent meanwhile are served at once. (This constraint then fails alone
@@ -206,7 +206,7 @@ def test_a_large_new_constraint_compiles_beside_the_batch_loop_not_inside_it(ser
     grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, model.config.vocab_size)
     started = time.monotonic()
     grammars.check(OutputConstraint("choice", json.dumps(choices)))
-    compile_s = time.monotonic() - started  # one worker's compile (~1.6 s here)
+    compile_s = time.monotonic() - started  # one worker's compile (~1 s here)
     answer: dict[str, object] = {}
 
     def constrained() -> None:
