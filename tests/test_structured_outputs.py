@@ -168,6 +168,21 @@ def test_grammar_engine_messages_reach_a_client_without_its_internals():
     assert len(bounded_message("x" * 5000)) == 403  # 400 characters and "..."
 
 
+def test_a_checked_constraint_passes_its_check_again(tiny):
+    """The copies of a compiled matcher share its lexer's capped cache of regex states; a
+    pathological regex exhausts it with one first mask, so a second first mask failed
+    ("too many expressions constructed"): the same constraint passed the door once and
+    was refused the next time. `check` computes the first mask once per constraint, and a
+    worker's `compile` computes none."""
+    model, tokenizer = tiny
+    grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, model.config.vocab_size)
+    heavy = OutputConstraint("regex", "(a{1000}){1000}")
+    grammars.check(heavy)
+    grammars.check(heavy)  # raised ConstraintError before
+    grammars.compile(OutputConstraint("regex", REGEX))
+    assert grammars.is_compiled(OutputConstraint("regex", REGEX))
+
+
 def test_compiled_grammars_are_cached_and_bounded(tiny):
     _, tokenizer = tiny
     grammars = GrammarCompiler(tokenizer, tokenizer.eos_token_ids, tokenizer.vocab_size)

@@ -157,8 +157,17 @@ class ConstraintMatcher:
 
 class GrammarCompiler:
     """Compiles constraints for one tokenizer; state: the llguidance tokenizer (built on first
-    use) and the compiled grammars (LRU, `COMPILED_GRAMMARS`). Thread-safe (the server checks
-    requests in worker threads)."""
+    use) and the compiled grammars (LRU, `COMPILED_GRAMMARS`), with whether each passed
+    `check`. Thread-safe (the server checks requests in worker threads).
+
+    The copies of one compiled matcher (one per sequence) share its lexer's cache of regex
+    states, and llguidance caps how many it builds: every mask computed on any copy adds
+    to it. For an ordinary constraint the cache settles at its automaton's size; a
+    pathological one (`(a{1000}){1000}`) exhausts it, so a copy whose first mask was fine
+    can leave the next copy none ("too many expressions constructed": that request fails
+    alone, with a 400). So nothing here computes a mask it need not: `check` computes the
+    first mask once per compiled constraint, and `compile` (a worker's, before the request's
+    own matcher) computes none."""
 
     def __init__(self, tokenizer: TextTokenizer, eos_token_ids: tuple[int, ...],
                  vocab_size: int) -> None:
@@ -166,6 +175,7 @@ class GrammarCompiler:
                                                                vocab_size)
         self._ll_tokenizer: Any = None
         self._compiled: OrderedDict[OutputConstraint, Any] = OrderedDict()
+        self._checked: set[OutputConstraint] = set()  # of `_compiled`'s keys
         self._lock = threading.Lock()
 
     def _tokenizer(self) -> Any:
@@ -176,13 +186,25 @@ class GrammarCompiler:
 
     def check(self, constraint: OutputConstraint) -> None:
         """Raise `ConstraintError` (the grammar engine's message) if it does not compile, or
-        if it fails computing its first mask (a schema that only refers to itself)."""
-        first = ConstraintMatcher(self._compiled_matcher(constraint).deep_copy(),
-                                  self.vocab_size)
+        if it fails computing its first mask (a schema that only refers to itself); the
+        first mask only the first time (see the class)."""
+        compiled = self._compiled_matcher(constraint)
+        with self._lock:
+            if constraint in self._checked:
+                return
+        first = ConstraintMatcher(compiled.deep_copy(), self.vocab_size)
         try:
             first.allowed_tokens(self.vocab_size)
         except ValueError as err:
             raise ConstraintError(str(err)) from err
+        with self._lock:
+            if constraint in self._compiled:
+                self._checked.add(constraint)
+
+    def compile(self, constraint: OutputConstraint) -> None:
+        """Compile `constraint` into the cache (`ConstraintError` if it does not compile),
+        computing no mask."""
+        self._compiled_matcher(constraint)
 
     def is_compiled(self, constraint: OutputConstraint) -> bool:
         """Whether `constraint` is compiled here already (`rebuild` then only copies it)."""
@@ -210,7 +232,7 @@ class GrammarCompiler:
         with self._lock:
             self._compiled[constraint] = matcher
             while len(self._compiled) > COMPILED_GRAMMARS:
-                self._compiled.popitem(last=False)
+                self._checked.discard(self._compiled.popitem(last=False)[0])
         return matcher
 
     def rebuild(self, constraint: OutputConstraint, generated: list[int] | tuple[int, ...]

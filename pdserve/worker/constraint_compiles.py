@@ -74,7 +74,7 @@ class ConstraintCompiles:
         if constraint not in self._compiling:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="constraints")
-            self._compiling[constraint] = self._executor.submit(grammars.check, constraint)
+            self._compiling[constraint] = self._executor.submit(grammars.compile, constraint)
         self._parked[request_id] = (constraint, [command])
         return True
 
