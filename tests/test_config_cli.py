@@ -250,6 +250,29 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
             "'sim.control_latency_s'?)") in capsys.readouterr().err
 
 
+def test_hostile_yaml_config_files_fail_fast_naming_the_file(tmp_path):
+    def fails(text: str, message: str) -> None:
+        path = tmp_path / "c.yaml"
+        path.write_bytes(text.encode("latin-1"))
+        with pytest.raises(ValueError, match=message) as error:
+            Config.from_yaml(path)
+        assert str(path) in str(error.value) and len(str(error.value)) < 1000
+
+    fails("slo: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply")  # PyYAML recursion
+    fails("slo: &a {x: *a}\n", "nested deeper than 32 levels")  # a mapping inside itself
+    # billion laughs: 10^8 values from a few lines of aliases
+    bomb = ["l0: &l0 {" + ", ".join(f"{c}: 1" for c in "abcdefghij") + "}"]
+    bomb += [f"l{i}: &l{i} {{" + ", ".join(f"{c}: *l{i - 1}" for c in "abcdefghij") + "}"
+             for i in range(1, 8)]
+    fails("\n".join(bomb) + "\nslo: *l7\n", "more than 10000 values")
+    # the same as a list in a value: the error shows it bounded
+    laughs = ["&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
+        f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    fails("slo: {ttft_s: [" + ", ".join(laughs) + "]}\n", "'slo.ttft_s' must be float")
+    fails("slo: {ttft_s: 1" + "0" * 400 + "}\n", "'slo.ttft_s' is too large for a float")
+    fails("slo: {ttft_s: \xff}\n", "cannot read config")  # not UTF-8
+
+
 def test_profile_writes_a_model_the_simulator_loads(tmp_path, capsys):
     out = tmp_path / "tiny.json"
     assert main(["profile", "--model", "tiny", "--quick", "--kv-blocks", "16",
