@@ -273,6 +273,30 @@ def test_hostile_yaml_config_files_fail_fast_naming_the_file(tmp_path):
     fails("slo: {ttft_s: \xff}\n", "cannot read config")  # not UTF-8
 
 
+def test_unusable_out_and_perf_model_paths_are_one_line_errors(tmp_path, capsys):
+    run = ["simulate", "--trace", "synthetic", "--synthetic-requests", "5", "--prefill", "1",
+           "--decode", "1", "--no-progress"]
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    assert main([*run, "--out", str(taken / "sub")]) == 2  # before the run, not after it
+    captured = capsys.readouterr()
+    assert "pdserve: error: " in captured.err and "Not a directory" in captured.err
+    assert "workload" not in captured.out
+    assert main([*run, "--perf-model", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read performance model" in capsys.readouterr().err
+    good = tmp_path / "perf.json"
+    Experiment.from_config(Config()).perf.save(good)
+    for change, message in ((("decode", "intercept_s", float("nan")), "must be finite"),
+                            (("prefill", "intercept_s", -1.0), "must not be negative")):
+        side, name, value = change
+        record = json.loads(good.read_text())
+        record[side][name] = value
+        bad = tmp_path / f"{name}.json"
+        bad.write_text(json.dumps(record))
+        assert main([*run, "--perf-model", str(bad)]) == 2
+        assert f"{side}.{name} {message}" in capsys.readouterr().err
+
+
 def test_profile_writes_a_model_the_simulator_loads(tmp_path, capsys):
     out = tmp_path / "tiny.json"
     assert main(["profile", "--model", "tiny", "--quick", "--kv-blocks", "16",
