@@ -297,6 +297,20 @@ def test_unusable_out_and_perf_model_paths_are_one_line_errors(tmp_path, capsys)
         assert f"{side}.{name} {message}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--instances", "4xh100:bogus"], "unknown role 'bogus'"),
+    (["simulate", "--instances", "-3"], "cannot read '-3'"),
+    (["predictor", "record", "--out", "r.npz", "--progress-every", "0"],
+     "--progress-every: must be at least 1"),  # was a ZeroDivisionError mid-recording
+])
+def test_flag_errors_say_what_is_wrong(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "instances_arg" not in err
+
+
 def test_profile_writes_a_model_the_simulator_loads(tmp_path, capsys):
     out = tmp_path / "tiny.json"
     assert main(["profile", "--model", "tiny", "--quick", "--kv-blocks", "16",
