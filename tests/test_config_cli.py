@@ -311,6 +311,17 @@ def test_flag_errors_say_what_is_wrong(argv, message, capsys):
     assert message in err and "instances_arg" not in err
 
 
+def test_a_run_whose_arrivals_span_too_many_ticks_stops_saying_so(monkeypatch, capsys):
+    from pdserve.sim import simulator
+
+    monkeypatch.setattr(simulator, "MAX_TICKS", 200)  # 10^6 in earnest: seconds, not hours
+    run = ["simulate", "--trace", "synthetic", "--synthetic-requests", "5", "--prefill", "1",
+           "--decode", "1", "--no-progress"]
+    assert main([*run, "--rate-scale", "1e-300"]) == 2  # arrivals 10^300 s apart
+    assert "passed 200 monitor ticks of 1 s" in capsys.readouterr().err
+    assert main(run) == 0
+
+
 def test_profile_writes_a_model_the_simulator_loads(tmp_path, capsys):
     out = tmp_path / "tiny.json"
     assert main(["profile", "--model", "tiny", "--quick", "--kv-blocks", "16",
