@@ -68,6 +68,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from pdserve.sim.runner import Experiment
 
     config = config_from_args(args)
+    if args.out:  # before the run: an --out that cannot be a directory fails now
+        args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     experiment = Experiment.from_config(config)
     workload = experiment.workload
@@ -104,7 +106,6 @@ def _run_simulate(args: argparse.Namespace) -> int:
         print(format_goodput(goodput))
     if args.out:
         out: Path = args.out
-        out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(config.to_yaml())
         write_summary_json(out / "summary.json", summary, config.to_dict(), goodput,
                            {"flips": result.flips, "role_changes": len(result.role_changes),
@@ -220,6 +221,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         print(f"pdserve bench: warning: the window holds only {len(workload)} request(s); "
               f"the figures below say little (use a longer --duration or a higher "
               f"--rate-scale for at least {FEW_REQUESTS})", file=sys.stderr)
+    if args.out:  # before the replay: an --out that cannot be a directory fails now
+        args.out.mkdir(parents=True, exist_ok=True)
     print(f"replaying {len(workload)} requests of {args.trace} over {workload.span_s:.0f}s "
           f"against {args.url} ({model})")
     requests = asyncio.run(replay(args.url, workload, model, timeout, args.max_in_flight,
@@ -227,7 +230,6 @@ def _run_bench(args: argparse.Namespace) -> int:
     summary = summarize(requests, slo)
     print(format_summary(summary, slo, f"live replay against {args.url}"))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                   if k != "handler"}
         write_summary_json(args.out / "summary.json", summary, config, None, {})
@@ -268,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except ValueError as err:
+        print(f"pdserve: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path given that cannot be read or written (--out a file)
         print(f"pdserve: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

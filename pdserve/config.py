@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -376,24 +377,55 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML config file's values by dotted path."""
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise ValueError(f"cannot read config {path}: {err}") from err
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise ValueError(f"cannot read config {path}: nested too deeply") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a config file must be a mapping of section: values")
-    return dotted(raw)
+    try:
+        return dotted(raw)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+# bounds far past any config tree: YAML aliases can make a small file a mapping of billions
+# of values (or one that contains itself), which flattening would never finish
+MAX_VALUES = 10_000
+MAX_DEPTH = 32
 
 
 def dotted(raw: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """A nested mapping's leaves by dotted path ({"slo": {"ttft_s": 3}} -> {"slo.ttft_s": 3});
-    an empty mapping stays (it creates an optional section with its defaults)."""
+    an empty mapping stays (it creates an optional section with its defaults). ValueError
+    past `MAX_VALUES` leaves or `MAX_DEPTH` levels."""
     flat: dict[str, Any] = {}
+    _flatten(raw, prefix, 0, flat)
+    return flat
+
+
+def _flatten(raw: Mapping[str, Any], prefix: str, depth: int, flat: dict[str, Any]) -> None:
+    if depth >= MAX_DEPTH:
+        raise ValueError(f"config nested deeper than {MAX_DEPTH} levels at "
+                         f"{_shown(prefix.rstrip('.'))}")
     for key, value in raw.items():
         path = f"{prefix}{key}"
         if isinstance(value, Mapping) and value:
-            flat.update(dotted(value, f"{path}."))
+            _flatten(value, f"{path}.", depth + 1, flat)
+        elif len(flat) >= MAX_VALUES:
+            raise ValueError(f"config sets more than {MAX_VALUES} values (YAML aliases "
+                             f"expanding?)")
         else:
             flat[path] = value
-    return flat
+
+
+# a value as errors show it: bounded however large or deep it is
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 200, 200, 60
+
+
+def _shown(value: Any) -> str:
+    return _SHOWN.repr(value)
 
 
 @functools.cache
@@ -517,7 +549,7 @@ def _expand(path: str, value: Any, changes: dict[str, Any], source: str) -> None
                 _expand(f"{here}.{key}", item, changes, source)
         else:
             raise ValueError(f"{_prefix(source)}config section {here!r} must be a mapping, "
-                             f"got {value!r}")
+                             f"got {_shown(value)}")
 
 
 def _rebuild(current: Any, cls: type, changes: dict[str, Any], path: str) -> Any:
@@ -550,14 +582,19 @@ def _coerce(path: str, value: Any, hint: Any, source: str) -> Any:
         if kind is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:
+                raise ValueError(f"{_prefix(source)}config field {path!r} is too large for a "
+                                 f"float, got {_shown(value)}") from None
         if kind is str and isinstance(value, str):
             return value
         if (typing.get_origin(kind) is tuple and isinstance(value, list | tuple)
                 and all(isinstance(v, str) for v in value)):
             return tuple(value)
     wanted = " or ".join(_type_name(k) for k in allowed)
-    raise ValueError(f"{_prefix(source)}config field {path!r} must be {wanted}, got {value!r}")
+    raise ValueError(f"{_prefix(source)}config field {path!r} must be {wanted}, got "
+                     f"{_shown(value)}")
 
 
 def _type_name(kind: Any) -> str:

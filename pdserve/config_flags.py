@@ -122,6 +122,15 @@ def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Co
     return config.with_values(flag_values(args))
 
 
+def instances_flag(text: str) -> int | str:
+    """An argparse type: `--instances` as a count or groups, its error saying what is wrong
+    (argparse shows a plain ValueError as "invalid instances_arg value")."""
+    try:
+        return instances_arg(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 # ---- the commands' flags ----
 
 WORKLOAD_FLAGS = (
@@ -217,7 +226,7 @@ SIMULATE_CLUSTER_FLAGS = (
     Flag("--decode", "cluster.decode", "decode instances (disaggregated presets)"),
     Flag("--instances", "cluster.instances", "instances (colocated preset), or per-GPU groups "
          "COUNTxGPU[/tpN]:ROLE,... (roles prefill, decode, mixed, reserve), e.g. "
-         "4xl20:prefill,4xh20:decode", type=instances_arg),
+         "4xl20:prefill,4xh20:decode", type=instances_flag),
     Flag("--reserve", "cluster.reserve", "flowkv: instances held back for scaling"),
     Flag("--instance-startup-s", "sim.instance_startup_s",
          "seconds a scaled-up instance takes to start serving"),

@@ -250,6 +250,78 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
             "'sim.control_latency_s'?)") in capsys.readouterr().err
 
 
+def test_hostile_yaml_config_files_fail_fast_naming_the_file(tmp_path):
+    def fails(text: str, message: str) -> None:
+        path = tmp_path / "c.yaml"
+        path.write_bytes(text.encode("latin-1"))
+        with pytest.raises(ValueError, match=message) as error:
+            Config.from_yaml(path)
+        assert str(path) in str(error.value) and len(str(error.value)) < 1000
+
+    fails("slo: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply")  # PyYAML recursion
+    fails("slo: &a {x: *a}\n", "nested deeper than 32 levels")  # a mapping inside itself
+    # billion laughs: 10^8 values from a few lines of aliases
+    bomb = ["l0: &l0 {" + ", ".join(f"{c}: 1" for c in "abcdefghij") + "}"]
+    bomb += [f"l{i}: &l{i} {{" + ", ".join(f"{c}: *l{i - 1}" for c in "abcdefghij") + "}"
+             for i in range(1, 8)]
+    fails("\n".join(bomb) + "\nslo: *l7\n", "more than 10000 values")
+    # the same as a list in a value: the error shows it bounded
+    laughs = ["&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
+        f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    fails("slo: {ttft_s: [" + ", ".join(laughs) + "]}\n", "'slo.ttft_s' must be float")
+    fails("slo: {ttft_s: 1" + "0" * 400 + "}\n", "'slo.ttft_s' is too large for a float")
+    fails("slo: {ttft_s: \xff}\n", "cannot read config")  # not UTF-8
+
+
+def test_unusable_out_and_perf_model_paths_are_one_line_errors(tmp_path, capsys):
+    run = ["simulate", "--trace", "synthetic", "--synthetic-requests", "5", "--prefill", "1",
+           "--decode", "1", "--no-progress"]
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    assert main([*run, "--out", str(taken / "sub")]) == 2  # before the run, not after it
+    captured = capsys.readouterr()
+    assert "pdserve: error: " in captured.err and "Not a directory" in captured.err
+    assert "workload" not in captured.out
+    assert main([*run, "--perf-model", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read performance model" in capsys.readouterr().err
+    good = tmp_path / "perf.json"
+    Experiment.from_config(Config()).perf.save(good)
+    for change, message in ((("decode", "intercept_s", float("nan")), "must be finite"),
+                            (("prefill", "intercept_s", -1.0), "must not be negative")):
+        side, name, value = change
+        record = json.loads(good.read_text())
+        record[side][name] = value
+        bad = tmp_path / f"{name}.json"
+        bad.write_text(json.dumps(record))
+        assert main([*run, "--perf-model", str(bad)]) == 2
+        assert f"{side}.{name} {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--instances", "4xh100:bogus"], "unknown role 'bogus'"),
+    (["simulate", "--instances", "-3"], "cannot read '-3'"),
+    (["predictor", "record", "--out", "r.npz", "--progress-every", "0"],
+     "--progress-every: must be at least 1"),  # was a ZeroDivisionError mid-recording
+])
+def test_flag_errors_say_what_is_wrong(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "instances_arg" not in err
+
+
+def test_a_run_whose_arrivals_span_too_many_ticks_stops_saying_so(monkeypatch, capsys):
+    from pdserve.sim import simulator
+
+    monkeypatch.setattr(simulator, "MAX_TICKS", 200)  # 10^6 in earnest: seconds, not hours
+    run = ["simulate", "--trace", "synthetic", "--synthetic-requests", "5", "--prefill", "1",
+           "--decode", "1", "--no-progress"]
+    assert main([*run, "--rate-scale", "1e-300"]) == 2  # arrivals 10^300 s apart
+    assert "passed 200 monitor ticks of 1 s" in capsys.readouterr().err
+    assert main(run) == 0
+
+
 def test_profile_writes_a_model_the_simulator_loads(tmp_path, capsys):
     out = tmp_path / "tiny.json"
     assert main(["profile", "--model", "tiny", "--quick", "--kv-blocks", "16",

@@ -215,6 +215,12 @@ def test_the_simulator_prices_a_large_decode_batch_super_linearly():
     ("no-model", "give --base FILE"),
     ("roles", "is not a role log row"),
     ("timeline", "is not a timeline row"),
+    # NaN passed the sign checks: LAPACK's noise and "SVD did not converge", or a NaN latency
+    ("nan-count", "all finite"),
+    ("inf-start", "all finite"),
+    ("inf-timeline", "is not a timeline row"),
+    ("bytes", "not a step log ('utf-8' codec"),
+    ("name", "steps-abc.csv is not a worker's step log"),
 ])
 def test_bad_logs_are_refused_clearly(tmp_path, monkeypatch, capsys, damage, message):
     logs = tmp_path / "logs"
@@ -239,6 +245,16 @@ def test_bad_logs_are_refused_clearly(tmp_path, monkeypatch, capsys, damage, mes
         (logs / ROLES_FILE).write_text("at_s,instance,role\n1.0,0,sideways\n")
     elif damage == "timeline":
         (logs / RESPONSES_FILE).write_text("request_id,received_s,first_sent_s\n1,x,2\n")
+    elif damage == "nan-count":
+        steps.write_text(steps.read_text() + "4,nan,0,0,0.01,1.0\n")
+    elif damage == "inf-start":
+        steps.write_text(steps.read_text() + "4,100,0,0,0.01,inf\n")
+    elif damage == "inf-timeline":
+        (logs / RESPONSES_FILE).write_text("request_id,received_s,first_sent_s\n1,0,inf\n")
+    elif damage == "bytes":
+        steps.write_bytes(steps.read_bytes() + b"4,\xff,0,0,0.01,1.0\n")
+    elif damage == "name":
+        steps.rename(logs / "steps-abc.csv")
     assert profile(logs, tmp_path / "perf.json") == 2
     err = capsys.readouterr().err
     assert err.startswith("pdserve: error: ") and message in err

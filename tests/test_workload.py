@@ -118,6 +118,39 @@ def test_mooncake_jsonl(tmp_path):
         load_trace(str(path))
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("header.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", "a header but no requests"),
+    ("columns.csv", "arrival_s,input_tokens\n0,5\n", "no output_tokens column"),
+    ("rounds.csv", "arrival_s,input_tokens,output_tokens,session_id\n0,5,5,1\n",
+     "no round column"),
+    ("nan.csv", "arrival_s,input_tokens,output_tokens\n0,5,5\nnan,5,5\n",
+     "arrival times must be finite"),  # NaN compares as not decreasing: the run never ended
+    ("inf.csv", "arrival_s,input_tokens,output_tokens\n0,5,5\ninf,5,5\n",
+     "arrival times must be finite"),
+    ("huge.csv", "arrival_s,input_tokens,output_tokens\n0,1" + "0" * 30 + ",5\n",
+     "malformed row"),
+    ("bytes.csv", "arrival_s,input_tokens,output_tokens\n0,5,5\n\udcff,5,5\n",
+     "cannot read trace"),
+    ("nan.jsonl", '{"timestamp": NaN, "input_length": 5, "output_length": 5}\n',
+     "arrival times must be finite"),
+    ("float.jsonl", '{"timestamp": 0, "input_length": 10.7, "output_length": 5}\n',
+     "input_length must be a whole number, got 10.7"),  # was silently 10
+    ("bool.jsonl", '{"timestamp": 0, "input_length": true, "output_length": 5}\n',
+     "input_length must be a whole number"),
+    ("huge.jsonl", '{"timestamp": 0, "input_length": 1e400, "output_length": 5}\n',
+     "input_length must be a whole number"),
+    ("hashes.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 5, '
+     '"hash_ids": "abc"}\n', "hash_ids must be a list"),  # was hashes 'a', 'b', 'c'
+    ("list.jsonl", "[1, 2]\n", "a record is a JSON object"),
+])
+def test_a_malformed_trace_file_is_a_clear_error_naming_it(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=message) as error:
+        load_trace(str(path))
+    assert name in str(error.value)
+
+
 def test_poisson_and_gamma_arrivals_have_the_asked_rate_and_burstiness():
     poisson = synthetic_workload(20_000, rate_rps=8.0, lengths="fixed:512:128", seed=1)
     assert poisson.mean_rate_rps == pytest.approx(8.0, rel=0.03)

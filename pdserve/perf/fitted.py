@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 TABLE_TOKENS = 16  # a prefill size table's bucket width (a GEMM tile is at least this tall)
@@ -318,16 +318,40 @@ class PerfModel:
     def load(cls, path: str | Path) -> PerfModel:
         try:
             raw = json.loads(Path(path).read_text())
-            return cls(name=raw["name"], prefill=PrefillCoeffs(**_tabled(raw["prefill"])),
-                       decode=DecodeCoeffs(**_tabled(raw["decode"])),
-                       transfer=TransferCoeffs(**raw["transfer"]),
-                       kv_bytes_per_token=int(raw["kv_bytes_per_token"]),
-                       kv_capacity_tokens=int(raw["kv_capacity_tokens"]),
-                       prefill_step_cv=float(raw.get("prefill_step_cv", 0.0)),
-                       control_latency_s=float(raw.get("control_latency_s", 0.0)),
-                       control_latency_p90_s=float(raw.get("control_latency_p90_s", 0.0)))
-        except (KeyError, TypeError, json.JSONDecodeError) as err:
+            model = cls(name=raw["name"], prefill=PrefillCoeffs(**_tabled(raw["prefill"])),
+                        decode=DecodeCoeffs(**_tabled(raw["decode"])),
+                        transfer=TransferCoeffs(**raw["transfer"]),
+                        kv_bytes_per_token=int(raw["kv_bytes_per_token"]),
+                        kv_capacity_tokens=int(raw["kv_capacity_tokens"]),
+                        prefill_step_cv=float(raw.get("prefill_step_cv", 0.0)),
+                        control_latency_s=float(raw.get("control_latency_s", 0.0)),
+                        control_latency_p90_s=float(raw.get("control_latency_p90_s", 0.0)))
+            _check_costs(model)
+            return model
+        except OSError as err:
+            raise ValueError(f"cannot read performance model {path}: {err}") from err
+        except (KeyError, TypeError, ValueError, OverflowError) as err:  # JSON errors too
             raise ValueError(f"{path}: not a pdserve performance model file ({err})") from err
+
+
+def _check_costs(model: PerfModel) -> None:
+    """A loaded model's step costs: finite, and not negative but for the corrections (the
+    batch-1 adjustment, the residual tables), as the fits keep them; one written by hand
+    past that priced steps below zero and ran the clock backwards."""
+    for side in ("prefill", "decode", "transfer"):
+        coeffs = getattr(model, side)
+        for item in fields(coeffs):
+            value = getattr(coeffs, item.name)
+            if not item.init or item.name == "r2":
+                continue
+            values = value if isinstance(value, tuple) else (value,)
+            if not all(math.isfinite(v) for v in values):
+                raise ValueError(f"{side}.{item.name} must be finite, got {value!r:.60}")
+            if item.name not in ("batch1_extra_s", "size_table_s") and value < 0:
+                raise ValueError(f"{side}.{item.name} must not be negative, got {value!r}")
+    for name in ("control_latency_s", "control_latency_p90_s"):
+        if not math.isfinite(getattr(model, name)):
+            raise ValueError(f"{name} must be finite, got {getattr(model, name)!r}")
 
 
 def _tabled(coeffs: dict) -> dict:

@@ -31,6 +31,7 @@ over time (`roles-driver.csv`), per request when its first token reached the dri
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -220,7 +221,8 @@ def _records(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
         try:
             int(record[columns[0]])
             for column in columns[1:]:
-                float(record[column])
+                if not math.isfinite(float(record[column])):
+                    raise ValueError(f"{column} is not finite")
         except (TypeError, ValueError):
             raise ValueError(f"{path}: line {line} is not a timeline row: {record}") from None
     return records

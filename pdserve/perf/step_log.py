@@ -105,6 +105,13 @@ def read_step_logs(paths: Iterable[Path]) -> list[StepRow]:
 def read_timed_steps(path: Path) -> list[tuple[StepRow, float]]:
     """A step log's rows with their batches' start times (0 in logs written before the
     start was logged)."""
+    try:
+        return _timed_steps(path)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a step log ({err})") from None
+
+
+def _timed_steps(path: Path) -> list[tuple[StepRow, float]]:
     rows: list[tuple[StepRow, float]] = []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
@@ -122,10 +129,12 @@ def read_timed_steps(path: Path) -> list[tuple[StepRow, float]]:
             except (TypeError, ValueError):
                 raise ValueError(f"{path}: line {reader.line_num} is not a step log row: "
                                  f"{record}") from None
-            if not (min(decodes, context, tokens, units) >= 0 and seconds > 0
-                    and math.isfinite(seconds)):
+            values = (decodes, context, tokens, units, seconds, start_s)
+            if not (all(math.isfinite(v) for v in values)
+                    and min(decodes, context, tokens, units) >= 0 and seconds > 0):
                 raise ValueError(f"{path}: line {reader.line_num}: counts must not be "
-                                 f"negative and the time must be positive, got {record}")
+                                 f"negative and the time must be positive, all finite, got "
+                                 f"{record}")
             rows.append(((decodes, context, tokens, units, seconds), start_s))
     return rows
 
@@ -233,7 +242,11 @@ def _rows_by_role(directory: Path, roles: dict[int, list[tuple[float, Role]]]
     prefill_rows: list[StepRow] = []
     decode_rows: list[StepRow] = []
     for path in _logs(directory, "*"):
-        changes = roles.get(int(path.stem.removeprefix("steps-")))
+        instance = path.stem.removeprefix("steps-")
+        if not instance.isdigit():
+            raise ValueError(f"{directory}: {path.name} is not a worker's step log "
+                             f"(steps-<instance number>.csv)")
+        changes = roles.get(int(instance))
         if not changes:
             raise ValueError(f"{directory}: {path.name} has no instance in {ROLES_FILE}")
         for row, start_s in read_timed_steps(path):

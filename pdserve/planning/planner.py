@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     base = uncapped_synthetic(config_from_args(args, plan_defaults()), args)
     gpus = args.gpus or DEFAULT_GPUS
     budget = budget_from_args(args)
+    if args.out:  # before the search: an --out that cannot be a directory fails now
+        args.out.mkdir(parents=True, exist_ok=True)
     print(f"planning {base.perf.model} on {gpus} x {base.perf.gpu} for "
           f"{base.workload.trace} (TTFT SLO {base.slo.ttft_s:g}s, TPOT SLO "
           f"{base.slo.tpot_s:g}s, goodput at {base.goodput.target:.0%} attainment); policy "
@@ -196,7 +198,6 @@ def run(args: argparse.Namespace) -> int:
         print(format_screen_error(screen_error(outcome, fidelity)))
     if args.out:
         out: Path = args.out
-        out.mkdir(parents=True, exist_ok=True)
         points = pareto_points(outcome)
         (out / "pareto.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
         from pdserve.planning.plot import plot_pareto

@@ -118,7 +118,7 @@ def add_predictor_parser(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--batch-size", type=int, default=16, help="sequences at once [16]")
     r.add_argument("--threads", type=at_least(1), default=1, help="torch CPU threads [1]")
     r.add_argument("--seed", type=int, default=0, help="prompt order and sampling seed [0]")
-    r.add_argument("--progress-every", type=int, default=10,
+    r.add_argument("--progress-every", type=at_least(1), default=10,
                    help="print progress every N finished requests [10]")
     r.add_argument("--out", type=Path, required=True, help="the npz file to write")
     r.set_defaults(handler=_record)

@@ -83,6 +83,10 @@ _BATCH_DONE, _LINK_EVENT, _TICK, _ARRIVAL, _INSTANCE_STARTED = 0, LINK_EVENT, 2,
 
 
 STALL_TICKS = 100  # consecutive ticks with nothing able to run before a run is declared stuck
+# a run's monitor ticks at most (11.6 days at the default 1 s; each keeps a load sample):
+# arrivals spread past that (a rate scale near 0, timestamps far apart, a tiny tick) would
+# tick on for hours and fill the memory
+MAX_TICKS = 1_000_000
 
 
 class Simulator:
@@ -137,6 +141,7 @@ class Simulator:
         self._completed = 0
         self._arrivals_pending = False
         self._stalled_ticks = 0
+        self._ticks = 0
         self._watch: AttainmentWatch | None = None  # a goodput step's early stop (`run`)
         self.transfers = KVTransfers(self.instances, self.perfs, LinkSimulator(self.topology),
                                      self.settings, self.view, self._push, self._touch)
@@ -307,6 +312,13 @@ class Simulator:
             self._apply(self.scheduler.handle(InstanceStarted(instance_id), self.view))
 
     def _on_tick(self) -> None:
+        self._ticks += 1
+        if self._ticks > MAX_TICKS:
+            raise ValueError(
+                f"the simulation passed {MAX_TICKS} monitor ticks of "
+                f"{self.settings.monitor_interval_s:g} s (at t={self.view.now_s:.3g} s): the "
+                f"arrivals span too long for that tick (a rate scale near 0, timestamps far "
+                f"apart?); clip the workload or raise monitor.interval_s")
         if self._watch is not None:
             self._watch.tick(self.view.now_s)
         self._apply(self.scheduler.handle(Tick(), self.view))

@@ -22,6 +22,7 @@ import csv
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def _rows(path: Path) -> list[list[str]]:
     try:
         with path.open(newline="") as handle:
             rows = list(csv.reader(handle))
-    except OSError as err:
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise ValueError(f"cannot read trace {path}: {err}") from err
     if not rows:
         raise ValueError(f"trace {path} is empty")
@@ -95,6 +96,15 @@ def _read_csv(path: Path, name: str) -> Workload:
     rows = _rows(path)
     header = [h.strip() for h in rows[0]]
     body = rows[1:]
+    if not body:
+        raise ValueError(f"trace {path} has a header but no requests")
+    if "arrival_s" in header:
+        needed = [*PDSERVE_COLUMNS, *(("round",) if "session_id" in header else ())]
+        missing = [column for column in needed if column not in header]
+        if missing:
+            raise ValueError(f"trace {path}: no {', '.join(missing)} column in the pdserve "
+                             f"schema ({','.join(PDSERVE_COLUMNS)}[,session_id,round]"
+                             f"[,hash_ids])")
     try:
         if "arrival_s" in header:
             return _pdserve_schema(header, body, name)
@@ -102,10 +112,13 @@ def _read_csv(path: Path, name: str) -> Workload:
             return _azure(header, body, name)
         if "Request tokens" in header and "Response tokens" in header:
             return _burstgpt(header, body, name)
-    except (ValueError, IndexError) as err:
+    except (ValueError, IndexError, OverflowError) as err:
         raise ValueError(f"trace {path}: malformed row ({err})") from err
     raise ValueError(f"trace {path}: unrecognised header {header}; expected the pdserve, "
                      f"Azure or BurstGPT CSV schema")
+
+
+PDSERVE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 
 
 def _pdserve_schema(header: list[str], body: list[list[str]], name: str) -> Workload:
@@ -146,21 +159,50 @@ def _burstgpt(header: list[str], body: list[list[str]], name: str) -> Workload:
 
 def _read_mooncake_jsonl(path: Path) -> Workload:
     records = []
-    with path.open() as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-                records.append((float(raw["timestamp"]) / 1000.0, int(raw["input_length"]),
-                                int(raw["output_length"]), tuple(raw.get("hash_ids", ()))))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"{path}:{line_no}: not a Mooncake trace record ({err})") from err
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read trace {path}: {err}") from err
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            if not isinstance(raw, dict):
+                raise ValueError(f"a record is a JSON object, got {line.strip()!r:.60}")
+            hashes = raw.get("hash_ids", [])
+            if not isinstance(hashes, list):
+                raise ValueError(f"hash_ids must be a list, got {hashes!r:.60}")
+            records.append((_number(raw["timestamp"], "timestamp") / 1000.0,
+                            _whole(raw["input_length"], "input_length"),
+                            _whole(raw["output_length"], "output_length"),
+                            tuple(_whole(h, "a hash id") for h in hashes)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}:{line_no}: not a Mooncake trace record ({err})") from err
     if not records:
         raise ValueError(f"trace {path} is empty")
     records.sort(key=lambda r: r[0])
     start = records[0][0]
-    return Workload(path.stem, np.array([r[0] - start for r in records]),
-                    np.array([r[1] for r in records], dtype=np.int64),
-                    np.array([r[2] for r in records], dtype=np.int64),
-                    hash_ids=tuple(r[3] for r in records))
+    try:
+        return Workload(path.stem, np.array([r[0] - start for r in records]),
+                        np.array([r[1] for r in records], dtype=np.int64),
+                        np.array([r[2] for r in records], dtype=np.int64),
+                        hash_ids=tuple(r[3] for r in records))
+    except ValueError as err:
+        raise ValueError(f"trace {path}: {err}") from err
+
+
+def _number(value: Any, what: str) -> float:
+    """A JSON number (not a bool, not a string)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number, got {value!r:.60}")
+    return float(value)
+
+
+def _whole(value: Any, what: str) -> int:
+    """A JSON number that is a whole count an int64 column holds (10.7 tokens is not one)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 2 ** 63:
+        raise ValueError(f"{what} must be a whole number, got {value!r:.60}")
+    return value

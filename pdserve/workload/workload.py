@@ -38,6 +38,8 @@ class Workload:
             if values is not None and len(values) != n:
                 raise ValueError(f"workload {self.name!r}: {column} has {len(values)} rows, "
                                  f"arrival_s has {n}")
+        if n and not np.all(np.isfinite(self.arrival_s)):
+            raise ValueError(f"workload {self.name!r}: arrival times must be finite numbers")
         if n and np.any(np.diff(self.arrival_s) < 0):
             raise ValueError(f"workload {self.name!r}: arrival times must not decrease")
         if n and (self.input_tokens.min() < 1 or self.output_tokens.min() < 1):
