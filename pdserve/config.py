@@ -60,7 +60,7 @@ def _positive(section: object, path: str, *names: str) -> None:
 def _not_negative(section: object, path: str, *names: str) -> None:
     for name in names:
         value = getattr(section, name)
-        if value < 0:
+        if not value >= 0:  # NaN too (it compares false either way)
             raise ValueError(f"config field '{path}.{name}' must not be negative, got "
                              f"{value!r}")
 

@@ -49,6 +49,8 @@ def test_wrong_type_and_bad_value_name_the_field():
         Config().with_values({"cluster.prefill": "four"})
     with pytest.raises(ValueError, match="'slo.tpot_s' must be positive"):
         Config().with_values({"slo.tpot_s": 0})
+    with pytest.raises(ValueError, match="'sim.instance_startup_s' must not be negative"):
+        Config().with_values({"sim.instance_startup_s": float("nan")})  # passed before
     with pytest.raises(ValueError, match="field 'goodput.search' must be bool"):
         Config().with_values({"goodput.search": 1})
     with pytest.raises(ValueError, match="config section 'policy.taichi': taichi watermark"):
