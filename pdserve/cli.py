@@ -22,6 +22,7 @@ from pdserve.config_flags import (
     at_least,
     config_from_args,
     positive_seconds,
+    server_url,
 )
 from pdserve.engine.profile_cli import add_profile_parser
 from pdserve.live.ray_local import add_ray_local_parser
@@ -148,7 +149,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
         "bench", help="replay a trace against a live OpenAI-compatible server",
         description="Replay a (rate-scaled, clipped) trace against any OpenAI-compatible URL "
         "with real streaming, and score it with the same metrics and report as simulate.")
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    p.add_argument("--url", type=server_url, default="http://127.0.0.1:8000",
+                   help="server base URL")
     p.add_argument("--model", default="", help="model name [the server's first model]")
     p.add_argument("--api-key", default="")
     p.add_argument("--trace", default="azure-conv", help="shipped trace or trace file")

@@ -329,6 +329,22 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def server_url(text: str) -> str:
+    """An argparse type: an http(s) base URL with a host (a string that is not one used to
+    replay a whole run with every request failing, or end in httpx's traceback)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not a URL: {text!r} ({err})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL with a host, "
+                                         f"got {text!r}")
+    return text.rstrip("/")
+
+
 def positive_seconds(text: str) -> float:
     """An argparse type: a finite number of seconds above 0."""
     value = float(text)

@@ -360,6 +360,9 @@ def test_profile_under_contention_labels_the_model_and_cleans_up():
     (["--max-in-flight", "0"], "argument --max-in-flight: must be at least 1, got 0"),
     (["--timeout", "-1"], "argument --timeout: must be a number of seconds above 0"),
     (["--max-output-tokens", "0"], "argument --max-output-tokens: must be at least 1"),
+    (["--url", "notaurl"], "argument --url: must be an http:// or https:// URL with a host"),
+    (["--url", "http://[::1"], "argument --url: not a URL"),
+    (["--url", "http://127.0.0.1:port"], "argument --url: not a URL"),
 ])
 def test_bench_refuses_limits_that_would_stall_or_end_the_replay(flags, message, capsys):
     """`pdserve bench --max-in-flight 0` would admit no request and `--timeout -1` end the
