@@ -142,6 +142,10 @@ def test_mooncake_jsonl(tmp_path):
     ("hashes.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 5, '
      '"hash_ids": "abc"}\n', "hash_ids must be a list"),  # was hashes 'a', 'b', 'c'
     ("list.jsonl", "[1, 2]\n", "a record is a JSON object"),
+    ("burst.csv", "Timestamp,Request tokens,Response tokens\n0,5,0\n1,5,0\n",
+     "no row has both prompt and response tokens"),  # was an IndexError's text
+    ("azure.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,0,5\n",
+     "no row has both prompt and response tokens"),
 ])
 def test_a_malformed_trace_file_is_a_clear_error_naming_it(tmp_path, name, content, message):
     path = tmp_path / name
@@ -149,6 +153,16 @@ def test_a_malformed_trace_file_is_a_clear_error_naming_it(tmp_path, name, conte
     with pytest.raises(ValueError, match=message) as error:
         load_trace(str(path))
     assert name in str(error.value)
+
+
+def test_a_trace_file_with_a_byte_order_mark_reads_as_without_one(tmp_path):
+    text = "arrival_s,input_tokens,output_tokens\n0,5,6\n1.5,7,8\n"
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_text(text)
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())  # as spreadsheets save CSV
+    a, b = load_trace(str(plain)), load_trace(str(marked))
+    assert list(b.arrival_s) == list(a.arrival_s) == [0.0, 1.5]
+    assert list(b.input_tokens) == [5, 7] and list(b.output_tokens) == [6, 8]
 
 
 def test_poisson_and_gamma_arrivals_have_the_asked_rate_and_burstiness():

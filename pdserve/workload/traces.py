@@ -83,7 +83,7 @@ def load_length_table(name_or_path: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _rows(path: Path) -> list[list[str]]:
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding="utf-8-sig") as handle:  # a BOM is no header
             rows = list(csv.reader(handle))
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise ValueError(f"cannot read trace {path}: {err}") from err
@@ -135,6 +135,9 @@ def _pdserve_schema(header: list[str], body: list[list[str]], name: str) -> Work
     return Workload(name, arrival, n_in, n_out, sessions, rounds, hashes)
 
 
+NO_SERVED_ROWS = "no row has both prompt and response tokens (rows without them are skipped)"
+
+
 def _azure(header: list[str], body: list[list[str]], name: str) -> Workload:
     col = {h: i for i, h in enumerate(header)}
     stamps = np.array([np.datetime64(r[col["TIMESTAMP"]].strip().replace(" ", "T"), "ns")
@@ -144,6 +147,8 @@ def _azure(header: list[str], body: list[list[str]], name: str) -> Workload:
     n_in = np.array([int(r[col["ContextTokens"]]) for r in body], dtype=np.int64)[order]
     n_out = np.array([int(r[col["GeneratedTokens"]]) for r in body], dtype=np.int64)[order]
     keep = (n_in > 0) & (n_out > 0)
+    if not keep.any():
+        raise ValueError(NO_SERVED_ROWS)
     return Workload(name, seconds[keep], n_in[keep], n_out[keep])
 
 
@@ -152,6 +157,8 @@ def _burstgpt(header: list[str], body: list[list[str]], name: str) -> Workload:
     data = np.array([(float(r[col["Timestamp"]]), int(r[col["Request tokens"]]),
                       int(r[col["Response tokens"]])) for r in body])
     data = data[(data[:, 1] > 0) & (data[:, 2] > 0)]  # failed requests have 0 response tokens
+    if not len(data):
+        raise ValueError(NO_SERVED_ROWS)
     data = data[np.argsort(data[:, 0], kind="stable")]
     return Workload(name, data[:, 0] - data[0, 0], data[:, 1].astype(np.int64),
                     data[:, 2].astype(np.int64))
@@ -160,7 +167,7 @@ def _burstgpt(header: list[str], body: list[list[str]], name: str) -> Workload:
 def _read_mooncake_jsonl(path: Path) -> Workload:
     records = []
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"cannot read trace {path}: {err}") from err
     for line_no, line in enumerate(lines, 1):
