@@ -61,6 +61,11 @@ POISON = [  # (route, raw body, status, words the message must contain)
     (COMPLETIONS, b"[" * 10000 + b"]" * 10000, 400, "nests deeper"),
     (COMPLETIONS, b'{"a":' * 10000 + b"1" + b"}" * 10000, 400, "nests deeper"),
     (COMPLETIONS, b"{not json", 400, "not valid JSON"),
+    # past Python's 4,300-digit limit on int(): a ValueError that was a 500
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400,
+     "an integer of more than 4300 digits"),
+    (COMPLETIONS, body(prompt="x", guided_json='{"maximum": ' + "9" * 5000 + "}"), 400,
+     "guided_json: an integer of more than 4300 digits"),
     (COMPLETIONS, b'"a string"', 400, "must be a JSON object"),
     (CHAT, body(messages=USER, max_tokens=0), 400, "max_tokens: Input should be greater"),
     (CHAT, body(messages=USER, max_completion_tokens=0), 400, "max_completion_tokens"),

@@ -3,14 +3,16 @@
 The size limit is checked on the declared Content-Length before reading anything and again
 on the bytes actually received (a chunked or lying client), so a huge body is refused with
 413 as soon as it passes the limit. `NaN`/`Infinity` literals, nesting deeper than
-`MAX_JSON_DEPTH` and lone UTF-16 surrogates (`"\\ud800"`, which no tokenizer can encode)
-are 400s.
+`MAX_JSON_DEPTH`, lone UTF-16 surrogates (`"\\ud800"`, which no tokenizer can encode) and
+integers longer than Python converts (`sys.get_int_max_str_digits()`, 4,300 digits) are
+400s.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 from fastapi import Request
@@ -59,10 +61,17 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         raise APIError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise APIError(400, f"request body is not valid JSON: {err}") from err
+    except ValueError as err:  # int() refused a literal past its digit limit
+        raise APIError(400, f"request body has {too_long_integer()}") from err
     if not isinstance(raw, dict):
         raise APIError(400, "request body must be a JSON object")
     check_structure(raw, surrogates_possible=bool(_SURROGATE_ESCAPE.search(body)))
     return raw
+
+
+def too_long_integer() -> str:
+    """What a JSON text holds when `json.loads` raises a plain `ValueError`."""
+    return f"an integer of more than {sys.get_int_max_str_digits()} digits"
 
 
 def check_structure(value: Any, surrogates_possible: bool = True,
