@@ -5,6 +5,8 @@ does not stall other streams."""
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 
@@ -250,3 +252,24 @@ def test_a_request_of_many_long_prompts_is_refused_after_tokenising_one(tmp_path
     assert response.json()["error"]["message"].startswith("prompt.0 (")
     assert encoded == [330_000]
     print(f"refused after {elapsed:.2f}s")
+
+
+def _raw_request(base: str, head: bytes, timeout_s: float) -> socket.socket:
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+    sock.sendall(head)
+    return sock
+
+
+def test_a_client_that_leaves_mid_body_is_no_server_error(server, caplog):
+    """Closing the connection before the declared body is all sent is the client's doing:
+    not an "unexpected error" with two tracebacks in the log per connection."""
+    base, driver, pids = server
+    caplog.set_level(logging.ERROR, logger="pdserve.server")
+    for _ in range(3):
+        _raw_request(base, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"model\": ", 10).close()
+    time.sleep(1.0)  # the server reads the disconnects at once
+    assert not [r for r in caplog.records if r.name == "pdserve.server"]
+    assert [driver.workers.pid(i) for i in range(2)] == pids
+    assert httpx.get(base + "/health", timeout=10).status_code == 200

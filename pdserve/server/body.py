@@ -2,10 +2,11 @@
 
 The size limit is checked on the declared Content-Length before reading anything and again
 on the bytes actually received (a chunked or lying client), so a huge body is refused with
-413 as soon as it passes the limit. `NaN`/`Infinity` literals, nesting deeper than
-`MAX_JSON_DEPTH`, lone UTF-16 surrogates (`"\\ud800"`, which no tokenizer can encode) and
-integers longer than Python converts (`sys.get_int_max_str_digits()`, 4,300 digits) are
-400s.
+413 as soon as it passes the limit; a client that closes the connection before its body is
+all sent gets (nobody reads it) a 499, as one that leaves while its answer is computed.
+`NaN`/`Infinity` literals, nesting deeper than `MAX_JSON_DEPTH`, lone UTF-16 surrogates
+(`"\\ud800"`, which no tokenizer can encode) and integers longer than Python converts
+(`sys.get_int_max_str_digits()`, 4,300 digits) are 400s.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from pdserve.server.errors import APIError
 
@@ -33,12 +35,16 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
             raise APIError(413, f"request body of {int(declared)} bytes exceeds the limit of "
                            f"{max_body_bytes} bytes (--max-body-bytes)")
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > max_body_bytes:
-            raise APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes "
-                           "(--max-body-bytes)")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > max_body_bytes:
+                raise APIError(413, f"request body exceeds the limit of {max_body_bytes} "
+                               "bytes (--max-body-bytes)")
+            parts.append(part)
+    except ClientDisconnect as err:  # the client's doing, not the server's: no traceback
+        raise APIError(499, "the client closed the connection before sending its body"
+                       ) from err
     return b"".join(parts)
 
 
