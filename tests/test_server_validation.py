@@ -273,3 +273,21 @@ def test_a_client_that_leaves_mid_body_is_no_server_error(server, caplog):
     assert not [r for r in caplog.records if r.name == "pdserve.server"]
     assert [driver.workers.pid(i) for i in range(2)] == pids
     assert httpx.get(base + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("head", [
+    b"Content-Length: 100\r\n\r\n{}",  # declares more than it sends
+    b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n",  # a chunked body that never ends
+], ids=["short", "chunked"])
+def test_a_body_that_stops_arriving_is_a_408_not_a_hang(server, monkeypatch, head):
+    """Without a limit the client waited for ever and the connection held what it had sent
+    (up to --max-body-bytes each) for as long as the client kept it open."""
+    base, driver, pids = server
+    monkeypatch.setattr("pdserve.server.body.BODY_IDLE_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with _raw_request(base, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + head, 10) as sock:
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"no part of the request body arrived for 0.5 s" in answer
+    assert time.monotonic() - started < 5
+    assert [driver.workers.pid(i) for i in range(2)] == pids

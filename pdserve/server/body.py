@@ -3,7 +3,10 @@
 The size limit is checked on the declared Content-Length before reading anything and again
 on the bytes actually received (a chunked or lying client), so a huge body is refused with
 413 as soon as it passes the limit; a client that closes the connection before its body is
-all sent gets (nobody reads it) a 499, as one that leaves while its answer is computed.
+all sent gets (nobody reads it) a 499, as one that leaves while its answer is computed, and
+one that stops sending it (a Content-Length larger than the body, chunks that never end) a
+408 after `BODY_IDLE_TIMEOUT_S` without a byte, instead of waiting for ever while the
+connection holds what came.
 `NaN`/`Infinity` literals, nesting deeper than `MAX_JSON_DEPTH`, lone UTF-16 surrogates
 (`"\\ud800"`, which no tokenizer can encode) and integers longer than Python converts
 (`sys.get_int_max_str_digits()`, 4,300 digits) are 400s.
@@ -11,6 +14,7 @@ all sent gets (nobody reads it) a 499, as one that leaves while its answer is co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -22,6 +26,7 @@ from starlette.requests import ClientDisconnect
 from pdserve.server.errors import APIError
 
 YIELDING_PARSE_BYTES = 64 << 10  # larger bodies parse numbers through a Python hook
+BODY_IDLE_TIMEOUT_S = 30.0  # a body that sends nothing for this long is a 408
 MAX_JSON_DEPTH = 32  # OpenAI bodies nest 5 levels at most (messages -> content -> part)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
@@ -35,8 +40,18 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
             raise APIError(413, f"request body of {int(declared)} bytes exceeds the limit of "
                            f"{max_body_bytes} bytes (--max-body-bytes)")
     parts, size = [], 0
+    stream = request.stream()
     try:
-        async for part in request.stream():
+        while True:
+            try:
+                async with asyncio.timeout(BODY_IDLE_TIMEOUT_S):
+                    part = await anext(stream)
+            except StopAsyncIteration:
+                break
+            except TimeoutError as err:
+                raise APIError(408, "no part of the request body arrived for "
+                               f"{BODY_IDLE_TIMEOUT_S:g} s (it declared more than it sent, "
+                               "or its chunks never ended)") from err
             size += len(part)
             if size > max_body_bytes:
                 raise APIError(413, f"request body exceeds the limit of {max_body_bytes} "
