@@ -4,11 +4,13 @@ does not stall other streams."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import socket
 import threading
 import time
+import zlib
 
 import httpx
 import pytest
@@ -290,4 +292,23 @@ def test_a_body_that_stops_arriving_is_a_408_not_a_hang(server, monkeypatch, hea
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"no part of the request body arrived for 0.5 s" in answer
     assert time.monotonic() - started < 5
+    assert [driver.workers.pid(i) for i in range(2)] == pids
+
+
+def test_a_compressed_body_is_a_415_naming_its_encoding(server):
+    """The server decompresses nothing (so no compression bomb can reach it): a gzip body
+    was a 400 about a UTF-8 byte 0x8b, and a body declared `br` was read as plain text."""
+    base, driver, pids = server
+    plain = json.dumps({"model": "tiny", "prompt": "hi"}).encode()
+    for encoding, raw in [("gzip", gzip.compress(plain)), ("deflate", zlib.compress(plain)),
+                          ("br", plain), ("gzip, identity", plain)]:
+        response = httpx.post(base + "/tokenize", content=raw, timeout=10,
+                              headers={"content-encoding": encoding})
+        assert response.status_code == 415, response.text
+        error = response.json()["error"]
+        assert f"Content-Encoding {encoding!r} is not supported" in error["message"]
+        assert error["type"] == "invalid_request_error"
+    identity = httpx.post(base + "/tokenize", content=plain, timeout=10,
+                          headers={"content-encoding": "Identity"})
+    assert identity.status_code == 200, identity.text
     assert [driver.workers.pid(i) for i in range(2)] == pids

@@ -1,14 +1,15 @@
 """Reading a request body safely: a size limit, JSON with a nesting limit, valid Unicode.
 
-The size limit is checked on the declared Content-Length before reading anything and again
-on the bytes actually received (a chunked or lying client), so a huge body is refused with
-413 as soon as it passes the limit; a client that closes the connection before its body is
-all sent gets (nobody reads it) a 499, as one that leaves while its answer is computed, and
-one that stops sending it (a Content-Length larger than the body, chunks that never end) a
-408 after `BODY_IDLE_TIMEOUT_S` without a byte, instead of waiting for ever while the
-connection holds what came.
-`NaN`/`Infinity` literals, nesting deeper than `MAX_JSON_DEPTH`, lone UTF-16 surrogates
-(`"\\ud800"`, which no tokenizer can encode) and integers longer than Python converts
+A body is read as sent: one declaring a Content-Encoding (gzip, ...) is a 415, so no
+compression bomb is ever expanded. The size limit is checked on the declared Content-Length
+before reading anything and again on the bytes actually received (a chunked or lying
+client), so a huge body is refused with 413 as soon as it passes the limit; a client that
+closes the connection before its body is all sent gets (nobody reads it) a 499, as one that
+leaves while its answer is computed, and one that stops sending it (a Content-Length larger
+than the body, chunks that never end) a 408 after `BODY_IDLE_TIMEOUT_S` without a byte,
+instead of waiting for ever while the connection holds what came. `NaN`/`Infinity`
+literals, nesting deeper than `MAX_JSON_DEPTH`, lone UTF-16 surrogates (`"\\ud800"`, which
+no tokenizer can encode) and integers longer than Python converts
 (`sys.get_int_max_str_digits()`, 4,300 digits) are 400s.
 """
 
@@ -32,6 +33,10 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    encoding = request.headers.get("content-encoding", "identity")
+    if encoding.strip().lower() != "identity":  # nothing is decompressed: no bomb gets in
+        raise APIError(415, f"Content-Encoding {encoding[:40]!r} is not supported: send the "
+                       "body uncompressed")
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
