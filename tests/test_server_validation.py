@@ -4,9 +4,13 @@ does not stall other streams."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import logging
+import socket
 import threading
 import time
+import zlib
 
 import httpx
 import pytest
@@ -61,6 +65,11 @@ POISON = [  # (route, raw body, status, words the message must contain)
     (COMPLETIONS, b"[" * 10000 + b"]" * 10000, 400, "nests deeper"),
     (COMPLETIONS, b'{"a":' * 10000 + b"1" + b"}" * 10000, 400, "nests deeper"),
     (COMPLETIONS, b"{not json", 400, "not valid JSON"),
+    # past Python's 4,300-digit limit on int(): a ValueError that was a 500
+    (COMPLETIONS, b'{"model": "tiny", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400,
+     "an integer of more than 4300 digits"),
+    (COMPLETIONS, body(prompt="x", guided_json='{"maximum": ' + "9" * 5000 + "}"), 400,
+     "guided_json: an integer of more than 4300 digits"),
     (COMPLETIONS, b'"a string"', 400, "must be a JSON object"),
     (CHAT, body(messages=USER, max_tokens=0), 400, "max_tokens: Input should be greater"),
     (CHAT, body(messages=USER, max_completion_tokens=0), 400, "max_completion_tokens"),
@@ -245,3 +254,61 @@ def test_a_request_of_many_long_prompts_is_refused_after_tokenising_one(tmp_path
     assert response.json()["error"]["message"].startswith("prompt.0 (")
     assert encoded == [330_000]
     print(f"refused after {elapsed:.2f}s")
+
+
+def _raw_request(base: str, head: bytes, timeout_s: float) -> socket.socket:
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+    sock.sendall(head)
+    return sock
+
+
+def test_a_client_that_leaves_mid_body_is_no_server_error(server, caplog):
+    """Closing the connection before the declared body is all sent is the client's doing:
+    not an "unexpected error" with two tracebacks in the log per connection."""
+    base, driver, pids = server
+    caplog.set_level(logging.ERROR, logger="pdserve.server")
+    for _ in range(3):
+        _raw_request(base, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"model\": ", 10).close()
+    time.sleep(1.0)  # the server reads the disconnects at once
+    assert not [r for r in caplog.records if r.name == "pdserve.server"]
+    assert [driver.workers.pid(i) for i in range(2)] == pids
+    assert httpx.get(base + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("head", [
+    b"Content-Length: 100\r\n\r\n{}",  # declares more than it sends
+    b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n",  # a chunked body that never ends
+], ids=["short", "chunked"])
+def test_a_body_that_stops_arriving_is_a_408_not_a_hang(server, monkeypatch, head):
+    """Without a limit the client waited for ever and the connection held what it had sent
+    (up to --max-body-bytes each) for as long as the client kept it open."""
+    base, driver, pids = server
+    monkeypatch.setattr("pdserve.server.body.BODY_IDLE_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with _raw_request(base, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + head, 10) as sock:
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"no part of the request body arrived for 0.5 s" in answer
+    assert time.monotonic() - started < 5
+    assert [driver.workers.pid(i) for i in range(2)] == pids
+
+
+def test_a_compressed_body_is_a_415_naming_its_encoding(server):
+    """The server decompresses nothing (so no compression bomb can reach it): a gzip body
+    was a 400 about a UTF-8 byte 0x8b, and a body declared `br` was read as plain text."""
+    base, driver, pids = server
+    plain = json.dumps({"model": "tiny", "prompt": "hi"}).encode()
+    for encoding, raw in [("gzip", gzip.compress(plain)), ("deflate", zlib.compress(plain)),
+                          ("br", plain), ("gzip, identity", plain)]:
+        response = httpx.post(base + "/tokenize", content=raw, timeout=10,
+                              headers={"content-encoding": encoding})
+        assert response.status_code == 415, response.text
+        error = response.json()["error"]
+        assert f"Content-Encoding {encoding!r} is not supported" in error["message"]
+        assert error["type"] == "invalid_request_error"
+    identity = httpx.post(base + "/tokenize", content=plain, timeout=10,
+                          headers={"content-encoding": "Identity"})
+    assert identity.status_code == 200, identity.text
+    assert [driver.workers.pid(i) for i in range(2)] == pids

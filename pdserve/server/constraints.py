@@ -23,7 +23,7 @@ from typing import Any
 
 from pdserve.engine.sampling_params import OutputConstraint
 from pdserve.engine.structured_output import ConstraintError, GrammarCompiler
-from pdserve.server.body import MAX_JSON_DEPTH, check_structure
+from pdserve.server.body import MAX_JSON_DEPTH, check_structure, too_long_integer
 from pdserve.server.errors import APIError
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -67,6 +67,8 @@ def _schema_object(value: dict[str, Any] | str, param: str) -> dict[str, Any]:
                            param) from err
         except json.JSONDecodeError as err:
             raise APIError(400, f"{param}: not valid JSON: {err}", param) from err
+        except ValueError as err:  # int() refused a literal past its digit limit
+            raise APIError(400, f"{param}: {too_long_integer()}", param) from err
         try:
             check_structure(value, what=param)
         except APIError as err:
