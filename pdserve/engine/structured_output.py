@@ -195,7 +195,7 @@ class GrammarCompiler:
         first = ConstraintMatcher(compiled.deep_copy(), self.vocab_size)
         try:
             first.allowed_tokens(self.vocab_size)
-        except ValueError as err:
+        except ConstraintFailure as err:
             raise ConstraintError(str(err)) from err
         with self._lock:
             if constraint in self._compiled:

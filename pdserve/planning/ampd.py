@@ -174,8 +174,6 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ValueError("pdserve plan --policy ampd needs --gpus (the GPUs to deploy on)")
     if args.gpus < 2:
         raise ValueError(f"--gpus must be at least 2 (one per phase), got {args.gpus}")
-    if args.jobs < 1:
-        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     inputs = plan_inputs(config_from_args(args, plan_defaults()), args.gpus)
     started = time.perf_counter()
     print(f"planning {inputs.model} on {inputs.gpus} {inputs.gpu} GPUs for {inputs.workload} "

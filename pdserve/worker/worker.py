@@ -188,13 +188,12 @@ class Worker:
     def handle_compiled(self, commands: list[Command], error: Exception | None) -> None:
         """A parked request's commands, its constraint compiled; or its failure, if the
         constraint did not compile (as `add` fails an invalid one)."""
-        if error is None:
-            for command in commands:
-                self.reports.count_dispatch(command)
-                self._handle_guarded(command)
-            return
         for command in commands:
             self.reports.count_dispatch(command)
+        if error is None:
+            for command in commands:
+                self._handle_guarded(command)
+            return
         request_id = request_of(commands[0])
         assert request_id is not None
         self.drop(request_id)  # (a parked request holds nothing here yet)
