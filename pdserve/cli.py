@@ -74,11 +74,15 @@ def _run_simulate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     experiment = Experiment.from_config(config)
     workload = experiment.workload
-    print(f"workload {workload.name}: {len(workload)} requests over {workload.span_s:.0f}s "
-          f"({workload.mean_rate_rps:.2f} req/s) x rate scale {config.workload.rate_scale:g}")
+    arriving = (f"over {workload.span_s:.0f}s ({workload.mean_rate_rps:.2f} req/s)"
+                if workload.mean_rate_rps > 0 else "all at once")
+    print(f"workload {workload.name}: {len(workload)} requests {arriving} x rate scale "
+          f"{config.workload.rate_scale:g}")
     print(f"perf model {experiment.perf.name}: KV capacity {experiment.perf.kv_capacity_tokens} "
           f"tokens; fit R2 prefill {experiment.perf.prefill.r2:.4f}, decode "
           f"{experiment.perf.decode.r2:.4f}")
+    if config.goodput.search:
+        experiment.check_rate_to_scale()  # before the first run, not after it
     bar = tqdm(total=len(workload), unit="req", desc="simulate", disable=True if
                args.no_progress else None, leave=False)
     result = experiment.simulate(on_progress=lambda done: bar.update(done - bar.n))
@@ -137,7 +141,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
                 ("completed", str(summary.completed)), ("rejected", str(summary.rejected)),
                 ("SLO attainment", f"{summary.slo_attainment:.1%}"),
                 ("role flips", str(result.flips)), ("migrations", str(result.migrations))]
-            + ([("goodput", f"{goodput.rate_rps:.2f} req/s")] if goodput else [])))
+            + ([("goodput", goodput.rate_text)] if goodput else [])))
         print(f"wrote {out}/: summary.json, requests.csv, config.yaml, latency_cdf.png, "
               f"instance_load.png" + (", attainment_vs_rate.png" if goodput else "")
               + (", report.html" if reported else ""))

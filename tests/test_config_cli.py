@@ -201,10 +201,11 @@ def test_simulate_writes_report_json_csv_and_plots(tmp_path, capsys):
                  "--tpot-slo", "0.1", "--goodput", "--no-progress", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "SLO attainment" in printed and "goodput: rate scale" in printed
+    # 63 requests: even compressed 4,096-fold (the search's ceiling) they meet the SLOs
+    assert "SLO attainment" in printed and "goodput: at least rate scale 4096" in printed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["slo"]["ttft_s"] == 3.0
-    assert summary["goodput"]["rate_scale"] > 0
+    assert summary["goodput"]["rate_scale"] == 4096 and summary["goodput"]["ceiling_reached"]
     rows = list(csv.DictReader((out / "requests.csv").open()))
     assert len(rows) == summary["summary"]["requests"] > 50
     for name in ("latency_cdf.png", "instance_load.png", "attainment_vs_rate.png"):
@@ -311,6 +312,19 @@ def test_flag_errors_say_what_is_wrong(argv, message, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "instances_arg" not in err
+
+
+def test_a_goodput_search_needs_a_rate_and_says_when_no_slo_bounds_it(capsys):
+    """A burst (--synthetic-rate inf: every request at t=0) has no arrival rate to scale:
+    refused before any run. With SLOs that never bind, the search's answer is a bound."""
+    run = ["simulate", "--trace", "synthetic", "--synthetic-requests", "20", "--prefill", "1",
+           "--decode", "1", "--no-progress", "--goodput"]
+    assert main([*run, "--synthetic-rate", "inf"]) == 2
+    out = capsys.readouterr()
+    assert "20 requests all at once" in out.out and "simulated" not in out.out
+    assert "has none to scale (20 requests arriving at one instant)" in out.err
+    assert main([*run, "--ttft-slo", "inf", "--tpot-slo", "inf"]) == 0
+    assert "goodput: at least rate scale 4096.000" in capsys.readouterr().out
 
 
 def test_a_run_whose_arrivals_span_too_many_ticks_stops_saying_so(monkeypatch, capsys):

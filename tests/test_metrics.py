@@ -7,6 +7,7 @@ import math
 import pytest
 
 from pdserve.metrics.goodput import search_goodput
+from pdserve.metrics.report import format_goodput
 from pdserve.metrics.summary import Summary, summarize, tpot_s, ttft_s
 from pdserve.types import SLO, Request
 
@@ -76,3 +77,19 @@ def test_goodput_below_one_and_zero():
     assert 0.3 / 1.01 <= low.rate_scale <= 0.3
     never = search_goodput(lambda s: fake_summary(0.0), 1.0, 0.9, 0.02, max_doublings=3)
     assert never.rate_scale == 0.0
+    assert not low.ceiling_reached and not never.ceiling_reached
+    assert "below rate scale 0.125 = 0.12 req/s" in format_goodput(never)
+    assert never.rate_text == "< 0.12 req/s" and low.rate_text == f"{low.rate_rps:.2f} req/s"
+
+
+def test_goodput_that_reaches_the_search_ceiling_is_reported_as_a_lower_bound():
+    """SLOs that never bind (infinite, or a workload far below capacity): every scale up to
+    the ceiling passes, and the report says "at least", not a goodput."""
+    always = search_goodput(lambda s: fake_summary(1.0), 2.0, 0.9, 0.01, max_doublings=4)
+    assert always.ceiling_reached and always.rate_scale == 16.0 and always.rate_rps == 32.0
+    assert "goodput: at least rate scale 16.000 = 32.00 req/s" in format_goodput(always)
+    assert always.rate_text == ">= 32.00 req/s"
+    bracketed = search_goodput(lambda s: fake_summary(1.0 if s <= 9 else 0.0), 2.0, 0.9, 0.01,
+                               max_doublings=4)
+    assert not bracketed.ceiling_reached and 9 / 1.01 <= bracketed.rate_scale <= 9
+    assert "at least" not in format_goodput(bracketed)

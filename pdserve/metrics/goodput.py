@@ -39,6 +39,19 @@ class GoodputResult:
     rate_scale: float  # highest passing scale found; 0 when even the lowest tried failed
     rate_rps: float
     points: list[GoodputPoint]  # every evaluated scale, sorted by scale
+    # every scale tried passed, up to the search's ceiling (`max_doublings` steps up): the
+    # goodput is at least `rate_scale`, the SLOs never bound it within the search
+    ceiling_reached: bool = False
+
+    @property
+    def rate_text(self) -> str:
+        """The goodput as a person should read it: ">= x req/s" when the search's ceiling
+        passed, "< x req/s" (x: the lowest rate tried) when nothing passed."""
+        if self.ceiling_reached:
+            return f">= {self.rate_rps:.2f} req/s"
+        if self.rate_scale == 0 and self.points:
+            return f"< {self.points[0].rate_rps:.2f} req/s"
+        return f"{self.rate_rps:.2f} req/s"
 
 
 def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
@@ -74,7 +87,7 @@ def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
                 break
             low = high
         else:
-            return _result(target_attainment, low, base_rate_rps, points)
+            return _result(target_attainment, low, base_rate_rps, points, ceiling_reached=True)
     else:
         for _ in range(max_doublings):
             low /= step
@@ -93,6 +106,6 @@ def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
 
 
 def _result(target: float, scale: float, base_rate_rps: float,
-            points: dict[float, GoodputPoint]) -> GoodputResult:
+            points: dict[float, GoodputPoint], ceiling_reached: bool = False) -> GoodputResult:
     return GoodputResult(target, scale, scale * base_rate_rps,
-                         [points[s] for s in sorted(points)])
+                         [points[s] for s in sorted(points)], ceiling_reached)

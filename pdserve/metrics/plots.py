@@ -23,7 +23,7 @@ def plot_attainment(path: Path, curves: dict[str, GoodputResult], title: str = "
     for label, goodput in curves.items():
         rates = [p.rate_rps for p in goodput.points]
         attainment = [100 * p.summary.slo_attainment for p in goodput.points]
-        ax.plot(rates, attainment, marker="o", label=f"{label} (goodput {goodput.rate_rps:.2f})")
+        ax.plot(rates, attainment, marker="o", label=f"{label} (goodput {goodput.rate_text})")
         target = 100 * goodput.target_attainment
     ax.axhline(target, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("request rate (req/s)")

@@ -83,9 +83,18 @@ def format_goodput(goodput: GoodputResult) -> str:
         lines.append(f"{point.rate_scale:>10.3f}{point.rate_rps:>12.2f}"
                      f"{point.summary.slo_attainment:>12.1%}"
                      + ("  (stopped once decided: a bound)" if point.decided_early else ""))
-    lines.append(f"goodput: rate scale {goodput.rate_scale:.3f} = {goodput.rate_rps:.2f} req/s "
-                 f"at >= {goodput.target_attainment:.0%} SLO attainment (DistServe, Arrow, "
-                 f"TaiChi)")
+    target = f"{goodput.target_attainment:.0%} SLO attainment"
+    if goodput.ceiling_reached:
+        lines.append(f"goodput: at least rate scale {goodput.rate_scale:.3f} = "
+                     f"{goodput.rate_rps:.2f} req/s: every rate tried, up to the search's "
+                     f"ceiling, met {target}; the SLOs do not bound this workload's rate here")
+    elif goodput.rate_scale == 0 and goodput.points:
+        lowest = goodput.points[0]
+        lines.append(f"goodput: below rate scale {lowest.rate_scale:.3f} = "
+                     f"{lowest.rate_rps:.2f} req/s: even the lowest rate tried missed {target}")
+    else:
+        lines.append(f"goodput: rate scale {goodput.rate_scale:.3f} = {goodput.rate_rps:.2f} "
+                     f"req/s at >= {target} (DistServe, Arrow, TaiChi)")
     return "\n".join(lines)
 
 
@@ -110,6 +119,7 @@ def write_summary_json(path: Path, summary: Summary, config: dict[str, Any],
                           "(DistServe, Arrow, TaiChi)",
             "target_attainment": goodput.target_attainment,
             "rate_scale": goodput.rate_scale, "rate_rps": goodput.rate_rps,
+            "ceiling_reached": goodput.ceiling_reached,
             "points": [{"rate_scale": p.rate_scale, "rate_rps": p.rate_rps,
                         "slo_attainment": p.summary.slo_attainment,
                         "ttft_p90_s": p.summary.ttft_s.p90, "tpot_p90_s": p.summary.tpot_s.p90,

@@ -273,7 +273,7 @@ def attainment_vs_rate_figure(goodput: GoodputResult, label: str) -> Figure:
     """The goodput search: SLO attainment against the request rate, the target line."""
     points = sorted(goodput.points, key=lambda p: p.rate_rps)
     return {"data": [{"type": "scatter", "mode": "lines+markers",
-                      "name": f"{label} (goodput {goodput.rate_rps:.2f} req/s)",
+                      "name": f"{label} (goodput {goodput.rate_text})",
                       "x": [p.rate_rps for p in points],
                       "y": [100 * p.summary.slo_attainment for p in points]}],
             "layout": _layout("SLO attainment against request rate (the goodput search)",

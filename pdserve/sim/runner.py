@@ -186,11 +186,22 @@ class Experiment:
     def summarize(self, result: SimResult) -> Summary:
         return summarize(result.requests, self.slo)
 
+    def check_rate_to_scale(self) -> None:
+        """The goodput search scales the workload's arrival rate: a workload arriving at one
+        instant has none (ValueError, before any run)."""
+        if not self.workload.mean_rate_rps > 0:
+            raise ValueError(
+                f"the goodput search scales the workload's arrival rate, and "
+                f"{self.workload.name!r} has none to scale ({len(self.workload)} requests "
+                f"arriving at one instant); give it arrival times (a trace, or a finite "
+                f"--synthetic-rate)")
+
     def goodput(self, on_point: Callable[[GoodputPoint], None] | None = None,
                 stop_when_decided: bool = True) -> GoodputResult:
         """The goodput search; each step's run stops once its attainment is decided either
         way (`stop_when_decided`), which changes no verdict and so not the result, only the
         figures of the stopped points (see `metrics/attainment_watch.py`)."""
+        self.check_rate_to_scale()
         target = self.config.goodput.target
         decide = target if stop_when_decided else None
         return search_goodput(
