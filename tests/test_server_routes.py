@@ -138,3 +138,32 @@ def test_the_api_key_guards_the_api_and_leaves_probes_open(tmp_path):
     for method, path in (("GET", "/version"), ("GET", "/metrics"), ("GET", "/ping"),
                          ("POST", "/ping"), ("GET", "/health"), ("GET", "/openapi.json")):
         assert client.request(method, path).status_code in (200, 503), path  # never 401
+
+
+def test_probes_answer_head_as_load_balancers_send_it(client):
+    for path in ("/health", "/ping", "/version"):
+        response = client.head(path)
+        assert response.status_code == 200, path
+        assert response.content == b"", path
+    # a route that has no HEAD keeps answering 405 with the methods it takes
+    refused = client.head("/v1/models")
+    assert refused.status_code == 405 and "GET" in refused.headers["allow"]
+
+
+def test_no_redirect_built_from_the_host_header_and_no_echo_of_long_input(tmp_path):
+    client = offline_client(tmp_path, {"server.api_key": "s3cret"})
+    key = {"Authorization": "Bearer s3cret"}
+    slash = client.get("/v1/models/", headers={**key, "Host": "evil.example"},
+                       follow_redirects=False)
+    assert slash.status_code == 404 and "location" not in slash.headers
+    long_path = "/x" * 5_000
+    missing = client.get(long_path).json()["error"]
+    assert missing["type"] == "not_found_error"
+    assert "(10000 characters)" in missing["message"] and len(missing["message"]) < 200
+    name = "m" * 10_000
+    unknown = client.post("/v1/completions", headers=key, json={"model": name, "prompt": "a"})
+    assert unknown.status_code == 404
+    assert len(unknown.json()["error"]["message"]) < 200
+    assert client.get("/v1/models/" + name, headers=key).status_code == 404
+    window = client.get("/dashboard/state", params={"window_s": "9" * 5_000}, headers=key)
+    assert window.status_code == 400 and "(5000 characters)" in window.json()["error"]["message"]

@@ -63,7 +63,7 @@ from pdserve.server.dashboard import (
     page_js,
     plotly_script,
 )
-from pdserve.server.errors import APIError, install_error_handlers
+from pdserve.server.errors import APIError, check_model, install_error_handlers, shown
 from pdserve.server.logprobs import LogprobFormatter
 from pdserve.server.openapi import request_body, responses
 from pdserve.server.prepare import Prepared, prepare_chat, prepare_completion
@@ -137,7 +137,9 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         await asyncio.gather(*jobs, return_exceptions=True)
         await driver.close()
 
-    app = FastAPI(title="pdserve", version=version, lifespan=lifespan)
+    # no trailing-slash redirect: Starlette's 307 builds its Location from the client's Host
+    # header, before the API key is checked; "/v1/models/" is a plain 404 instead
+    app = FastAPI(title="pdserve", version=version, lifespan=lifespan, redirect_slashes=False)
     app.state.driver = driver
     app.state.unknown_fields = unknown
     driver.metrics.count_ignored_fields(lambda: unknown.counts().total)
@@ -223,9 +225,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
              responses=responses(401, 404, ok=openapi.ModelCard))
     async def model(model_id: str, request: Request) -> JSONResponse:
         check_key(request)
-        if model_id != name:
-            raise APIError(404, f"model {model_id!r} does not exist; this server serves "
-                           f"{name!r}", "model", "not_found_error")
+        check_model(model_id, name)
         return JSONResponse(model_card())
 
     @app.get("/health", response_model=None, responses={
@@ -248,6 +248,10 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
     @app.get("/version", response_model=None, responses=responses(ok=openapi.VersionResponse))
     async def version_route() -> JSONResponse:
         return JSONResponse({"version": version})
+
+    # the probes answer HEAD as GET (load balancers probe with it; no body is sent)
+    for path, probe in (("/health", health), ("/ping", ping), ("/version", version_route)):
+        app.head(path, include_in_schema=False, response_model=None)(probe)
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=responses(
         media_type="text/plain", ok_description="Prometheus text exposition format"))
@@ -280,7 +284,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
             window = -1.0
         if not 0 < window <= MAX_WINDOW_S:
             raise APIError(400, f"window_s must be a number of seconds in (0, "
-                           f"{MAX_WINDOW_S:g}], got {window_s!r}", "window_s")
+                           f"{MAX_WINDOW_S:g}], got {shown(window_s)}", "window_s")
         body = await asyncio.to_thread(dashboard.state_json, dashboard.snapshot(), window)
         return Response(body, media_type="application/json",
                         headers={"Cache-Control": "no-store"})
@@ -298,7 +302,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         return dashboard_script(page_js)
 
     @app.post("/v1/completions", response_model=None,
-              responses=responses(400, 401, 404, 413, 429, 500, 503,
+              responses=responses(400, 401, 404, 408, 413, 415, 429, 500, 503,
                                   ok=openapi.CompletionResponse,
                                   stream=openapi.CompletionChunk),
               openapi_extra=request_body(CompletionRequest))
@@ -311,7 +315,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         return await respond(request, prepared, chat=False, received_s=received_s)
 
     @app.post("/v1/chat/completions", response_model=None,
-              responses=responses(400, 401, 404, 413, 429, 500, 503,
+              responses=responses(400, 401, 404, 408, 413, 415, 429, 500, 503,
                                   ok=openapi.ChatCompletionResponse,
                                   stream=openapi.ChatCompletionChunk),
               openapi_extra=request_body(ChatCompletionRequest))
@@ -324,7 +328,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         return await respond(request, prepared, chat=True, received_s=received_s)
 
     @app.post("/tokenize", response_model=None,
-              responses=responses(400, 401, 404, 413, ok=openapi.TokenizeResponse),
+              responses=responses(400, 401, 404, 408, 413, 415, ok=openapi.TokenizeResponse),
               openapi_extra=request_body(openapi.TOKENIZE_REQUEST))
     async def tokenize_route(request: Request) -> Response:
         check_key(request)
@@ -334,7 +338,7 @@ def create_app(driver: LiveDriver, settings: ServerSettings,
         return Response(answer, media_type="application/json")
 
     @app.post("/detokenize", response_model=None,
-              responses=responses(400, 401, 404, 413, ok=openapi.DetokenizeResponse),
+              responses=responses(400, 401, 404, 408, 413, 415, ok=openapi.DetokenizeResponse),
               openapi_extra=request_body(DetokenizeRequest))
     async def detokenize_route(request: Request) -> Response:
         check_key(request)

@@ -48,6 +48,22 @@ def shown_path(path: str) -> str:
     return repr(path[:200])
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """Client input as an error message quotes it: escaped by `repr` and cut to `limit`
+    characters, saying how long it was (a 100 KB path or model name is not echoed back)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def check_model(name: str | None, served: str) -> None:
+    """A request naming a model (None: it names none) must name the served one: else the
+    404 OpenAI and vLLM answer."""
+    if name is not None and name != served:
+        raise APIError(404, f"model {shown(name)} does not exist; this server serves "
+                       f"{served!r}", "model", "not_found_error")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
@@ -56,9 +72,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
         if err.status_code == 404:
-            message = f"no route {request.method} {request.url.path}"
+            message = f"no route {request.method} {shown(request.url.path)}"
         elif err.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
+            message = f"method {request.method} is not allowed on {shown(request.url.path)}"
         else:
             message = str(err.detail)
         kind = _TYPE_OF_STATUS.get(err.status_code, "invalid_request_error"

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
+from pdserve.server.body import BODY_IDLE_TIMEOUT_S
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest, prompt_schema
 from pdserve.server.tokenization import (
     DetokenizeRequest,
@@ -188,7 +189,11 @@ class VersionResponse(BaseModel):
 # ---- what each route answers ----
 
 ERRORS = {400: "invalid request", 401: "missing or wrong API key (when one is set)",
-          404: "unknown model", 413: "request body too large", 429: "overloaded: retry later",
+          404: "unknown model",
+          408: f"the request body stopped arriving ({BODY_IDLE_TIMEOUT_S:g} s without a byte)",
+          413: "request body too large",
+          415: "a Content-Encoding other than identity (bodies are never decompressed)",
+          429: "overloaded: retry later",
           500: "the engine failed on this request", 503: "no worker can serve"}
 
 

@@ -19,7 +19,7 @@ from pdserve.server.chat_template import (
     render_chat,
     request_chat_options,
 )
-from pdserve.server.errors import APIError
+from pdserve.server.errors import APIError, check_model
 from pdserve.server.schemas import ChatCompletionRequest, CompletionRequest
 from pdserve.server.unknown_fields import UnknownFields
 from pdserve.server.validation import (
@@ -53,12 +53,6 @@ class Prepared:
         return choice // self.n
 
 
-def _check_model(name: str, served: str) -> None:
-    if name != served:
-        raise APIError(404, f"model {name!r} does not exist; this server serves {served!r}",
-                       "model", "not_found_error")
-
-
 def _stream_flags(body: CompletionRequest | ChatCompletionRequest) -> tuple[bool, bool, bool]:
     stream = bool(body.stream)
     options = body.stream_options
@@ -78,7 +72,7 @@ def prepare_completion(raw_body: bytes, served: str, tokenizer: TextTokenizer,
                        grammars: GrammarCompiler | None = None) -> Prepared:
     body: CompletionRequest = parse_model(parse_json_object(raw_body), CompletionRequest,
                                           unknown)
-    _check_model(body.model, served)
+    check_model(body.model, served)
     check_completion_unsupported(body)
     n = body.n or 1
     stream, include_usage, continuous = _stream_flags(body)
@@ -103,7 +97,7 @@ def prepare_chat(raw_body: bytes, served: str, tokenizer: TextTokenizer, limits:
                  grammars: GrammarCompiler | None = None) -> Prepared:
     body: ChatCompletionRequest = parse_model(parse_json_object(raw_body),
                                               ChatCompletionRequest, unknown)
-    _check_model(body.model, served)
+    check_model(body.model, served)
     check_chat_unsupported(body)
     refuse_unimplemented(body)
     n = body.n or 1

@@ -31,7 +31,7 @@ from pdserve.engine.chat_template import ChatTemplate
 from pdserve.engine.tokenizer import TextTokenizer
 from pdserve.server.body import parse_json_object
 from pdserve.server.chat_template import chat_options, flatten_messages, render_chat
-from pdserve.server.errors import APIError
+from pdserve.server.errors import APIError, check_model
 from pdserve.server.schemas import ChatMessage
 from pdserve.server.unknown_fields import UnknownFields
 from pdserve.server.validation import Limits, parse_model, refuse_unfit_text, token_id_list
@@ -84,12 +84,6 @@ class DetokenizeRequest(BaseModel):
     tokens: Annotated[list[Any], WithJsonSchema(token_ids_schema())]
 
 
-def _check_model(name: str | None, served: str) -> None:
-    if name is not None and name != served:
-        raise APIError(404, f"model {name!r} does not exist; this server serves {served!r}",
-                       "model", "not_found_error")
-
-
 def _check_chat_unsupported(body: TokenizeChatRequest) -> None:
     refused = [("chat_template", body.chat_template is not None),
                ("tools", bool(body.tools))]
@@ -108,14 +102,14 @@ def tokenize(raw_body: bytes, served: str, tokenizer: TextTokenizer, limits: Lim
     body: TokenizeCompletionRequest | TokenizeChatRequest
     if "messages" in raw:
         body = parse_model(raw, TokenizeChatRequest, unknown)
-        _check_model(body.model, served)
+        check_model(body.model, served)
         _check_chat_unsupported(body)
         text = render_chat(template, flatten_messages(body.messages), chat_options(
             body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs))
         param = "messages"
     else:
         body = parse_model(raw, TokenizeCompletionRequest, unknown)
-        _check_model(body.model, served)
+        check_model(body.model, served)
         text, param = body.prompt, "prompt"
     refuse_unfit_text(text, tokenizer, limits, param, 0)
     [encoded] = tokenizer.raw.encode_batch([text], add_special_tokens=body.add_special_tokens)
@@ -132,7 +126,7 @@ def detokenize(raw_body: bytes, served: str, tokenizer: TextTokenizer, limits: L
     """A `/detokenize` body -> the JSON answer (in a worker thread)."""
     body: DetokenizeRequest = parse_model(parse_json_object(raw_body), DetokenizeRequest,
                                           unknown)
-    _check_model(body.model, served)
+    check_model(body.model, served)
     ids = token_id_list(body.tokens, limits, "tokens")
     [text] = tokenizer.raw.decode_batch([ids], skip_special_tokens=False)  # frees the GIL
     return json.dumps({"prompt": text}).encode()
