@@ -317,13 +317,15 @@ SERVE_FLAGS = (
 
 
 # argparse types for the commands' own options (not config fields, which the tree checks)
-def at_least(minimum: int) -> Callable[[str], int]:
+def at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer no smaller than `minimum` (a count of GPUs, processes,
-    seeds: 0 must not stand for "the default")."""
+    seeds: 0 must not stand for "the default"), and no larger than `maximum` when given."""
     def parse(text: str) -> int:
         value = int(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, got {value}")
         return value
     parse.__name__ = "integer"  # argparse's message for a non-number: "invalid integer value"
     return parse

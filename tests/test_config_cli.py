@@ -305,6 +305,9 @@ def test_unusable_out_and_perf_model_paths_are_one_line_errors(tmp_path, capsys)
     (["simulate", "--instances", "-3"], "cannot read '-3'"),
     (["predictor", "record", "--out", "r.npz", "--progress-every", "0"],
      "--progress-every: must be at least 1"),  # was a ZeroDivisionError mid-recording
+    # counts a few digits too long: each exhausted the memory before any check
+    (["plan", "--gpus", "99999999"], "--gpus: must be at most 4,096, got 99999999"),
+    (["plan", "--jobs", "5000"], "--jobs/--processes: must be at most 1,024, got 5000"),
 ])
 def test_flag_errors_say_what_is_wrong(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -325,6 +328,22 @@ def test_a_goodput_search_needs_a_rate_and_says_when_no_slo_bounds_it(capsys):
     assert "has none to scale (20 requests arriving at one instant)" in out.err
     assert main([*run, "--ttft-slo", "inf", "--tpot-slo", "inf"]) == 0
     assert "goodput: at least rate scale 4096.000" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--prefill", "3000000"], "'cluster.prefill' must be at most 4,096, got 3000000"),
+    (["--policy", "colocated", "--instances", "9000"],
+     "'cluster.instances' must be at most 4,096 instances, got 9000"),
+    (["--instances", "5000xh100:prefill,8xh100:decode"],
+     "'cluster.instances' must be at most 4,096 instances, got 5008"),
+    (["--trace", "synthetic", "--synthetic-requests", "100000000"],
+     "'workload.synthetic_requests' must be at most 10,000,000, got 100000000"),
+    (["--repeat", "1000"], "1000 copies of 19366 requests exceed the 10,000,000 requests"),
+])
+def test_counts_past_what_a_machine_holds_are_refused_before_building_anything(
+        flags, message, capsys):
+    assert main(["simulate", *flags, "--no-progress"]) == 2  # (3,000,000 instances: OOM)
+    assert message in capsys.readouterr().err
 
 
 def test_a_run_whose_arrivals_span_too_many_ticks_stops_saying_so(monkeypatch, capsys):

@@ -26,6 +26,7 @@ from pdserve.planning.fidelity import Fidelity
 from pdserve.planning.multi_fidelity import SearchBudget
 from pdserve.planning.outcome import Interval, policy_rows, verdict
 from pdserve.planning.screen import Screen, WorkloadShape
+from pdserve.planning.splits import split_counts
 from pdserve.policies.search_spaces import CANNOT_COMPOSE, SEARCH_SPACES, spaces_for
 from pdserve.sim.runner import Experiment, load_workload
 from pdserve.types import SLO
@@ -177,6 +178,24 @@ def test_the_time_limit_is_honoured():
     assert wall < 4.0 + 3.0  # plus loading the trace and screening, before the clock starts
 
 
+def test_a_plan_on_a_thousand_gpus_screens_a_grid_of_splits_within_its_time_limit(capsys):
+    """Every split up to 64 instances; above, the ends and 1/64 steps (1,024 GPUs had
+    314,000 candidates and screened for 92 s whatever the time limit). A screen that still
+    outlasts the limit says so, instead of running on."""
+    assert split_counts(2) == [1] and split_counts(64) == list(range(1, 64))
+    grid = split_counts(1024)
+    assert grid[:16] == list(range(1, 17)) and grid[-16:] == list(range(1008, 1024))
+    assert grid == sorted(set(grid)) and len(grid) < 100
+    assert max(b - a for a, b in zip(grid, grid[1:], strict=False)) == 1024 // 64
+    static = enumerate_candidates(SEARCH_SPACES["static-pd"], 1024, [1])
+    assert len(static) == 2 * len(grid)  # two chunk sizes
+    started = time.monotonic()
+    assert main(["plan", "--gpus", "1024", "--gpu", "h100", "--trace", "synthetic",
+                 "--time-limit", "4", "--no-progress"]) == 2
+    assert "the time limit (4s) passed while screening" in capsys.readouterr().err
+    assert time.monotonic() - started < 4 + 10  # building the candidates is not cut short
+
+
 @pytest.mark.parametrize(("base", "spaces", "disaggregated"), [
     (PREFILL_HEAVY.with_values({"slo.tpot_s": 0.008}), "colocated,static-pd", True),
     (DECODE_HEAVY, "colocated,static-pd,taichi", False)])
@@ -217,7 +236,7 @@ def test_plan_writes_its_json_record_and_a_config_that_simulate_runs(tmp_path, c
     assert code == 0, printed
     assert "winner: static-pd" in printed and "screen error" in printed
     # 300 requests are fewer than a confirmation wants (>= 1,000): said, and kept
-    assert "note: the synthetic workload holds 300 requests" in printed
+    assert "warning: the synthetic workload holds 300 requests" in printed
     data = json.loads(record.read_text())
     assert set(data) == {"configurations_evaluated", "wall_s", "winner", "policies"}
     assert data["configurations_evaluated"] == 2 + 5  # 1P1D x 2 chunks; 2 colocated x 5

@@ -19,6 +19,7 @@ from pdserve.cluster import hardware
 from pdserve.config import Config
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.specs import check_tp, model_spec
+from pdserve.planning.splits import split_counts
 from pdserve.planning.taichi import DISAGGREGATED_CHUNK_TOKENS, slider_grid
 from pdserve.policies.search import SearchSpace
 from pdserve.types import Role
@@ -156,7 +157,7 @@ def enumerate_candidates(space: SearchSpace, gpus: int, degrees: list[int]) -> l
         elif space.shape == "disaggregated":
             for chunk, knobs in itertools.product(space.chunk_sizes, _knob_settings(space)):
                 serving = instances - int(knobs.get("cluster.reserve", 0))
-                for prefill in range(1, serving):
+                for prefill in split_counts(serving):
                     decode = serving - prefill
                     found.append(_candidate(space, {
                         "perf.tp": tp, "cluster.prefill": prefill, "cluster.decode": decode,
@@ -188,7 +189,7 @@ def mixed_degree_candidates(space: SearchSpace, gpus: int, degrees: list[int], g
         for a, b in itertools.permutations(degrees, 2):
             for reserve_tp in ((a, b) if reserve else (0,)):
                 serving = gpus - reserve * reserve_tp
-                for prefill in range(1, serving // a + 1):
+                for prefill in split_counts(serving // a + 1):
                     rest = serving - prefill * a
                     if rest <= 0 or rest % b:
                         continue

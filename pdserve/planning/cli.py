@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pdserve.config import Config
+from pdserve.config import MAX_INSTANCES, Config
 from pdserve.config_flags import (
     PERF_SOURCE_FLAGS,
     Flag,
@@ -37,6 +37,7 @@ PLANNERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "all": planner.run,
 }
 # any other search space (or a preset with the same composition) by name: planner.run
+MAX_JOBS = 1024  # processes: more would only fork the machine into the ground
 SPACE_NAMES = [name for space in SEARCH_SPACES.values() for name in (space.name, *space.same_as)
                if name not in PLANNERS]
 PLANNER_CONFIGS: dict[str, Callable[[], Config]] = {  # where each planner's config starts
@@ -108,14 +109,14 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flags(shared, PERF_SOURCE_FLAGS, Config())  # the same default for both planners
     shared.add_argument("--config", type=Path, help="YAML file of the config tree (the "
                         "workload, model, SLOs); options override it")
-    shared.add_argument("--gpus", type=at_least(1), help="GPUs to deploy on (ampd: required) "
-                        f"[all: {planner.DEFAULT_GPUS}]")
+    shared.add_argument("--gpus", type=at_least(1, MAX_INSTANCES), help="GPUs to deploy on "
+                        f"(ampd: required) [all: {planner.DEFAULT_GPUS}]")
     shared.add_argument("--top", type=at_least(1), help="results to print [taichi: 5, ampd: 3]")
     shared.add_argument("--out", type=Path, help="taichi, ampd: write summary.json (every "
                         "candidate) and report.html (their Pareto plot and table) here; all: "
                         "winner.yaml (for simulate/serve --config), pareto.png, pareto.json, "
                         "summary.json (the --json record) and report.html")
-    shared.add_argument("--jobs", "--processes", dest="jobs", type=at_least(1),
+    shared.add_argument("--jobs", "--processes", dest="jobs", type=at_least(1, MAX_JOBS),
                         help="simulations in parallel [taichi, ampd: 2; all: the CPUs]")
     shared.add_argument("--time-limit", type=positive_seconds, help="seconds; what is not "
                         "done by then is skipped (taichi: the search; all: the whole command) "
@@ -128,8 +129,9 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flags(p.add_argument_group("taichi, all"), LENGTHS_AND_DEGREE_FLAGS, Config())
     tc = p.add_argument_group("taichi")
     cluster = Config().cluster
-    tc.add_argument("--instances", type=at_least(2), help=f"instances to place [--prefill + "
-                    f"--decode of the config: {cluster.prefill + cluster.decode}]")
+    tc.add_argument("--instances", type=at_least(2, MAX_INSTANCES), help=f"instances to "
+                    f"place [--prefill + --decode of the config: "
+                    f"{cluster.prefill + cluster.decode}]")
     tc.add_argument("--chunk-sizes", default="256,512,1024,2048",
                     help="S_P candidates, tokens, comma-separated [256,512,1024,2048]")
     tc.add_argument("--d-chunk-sizes", default="0,64,128,256,512",

@@ -129,14 +129,23 @@ def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> li
 
 def search(base: Config, policy: str, gpus: int,
            budget: SearchBudget | Callable[[], SearchBudget],
-           progress: ProgressLine | None = None) -> tuple[SearchOutcome, int]:
+           progress: ProgressLine | None = None,
+           deadline: tuple[float, float] | None = None) -> tuple[SearchOutcome, int]:
     """The search's records and the configurations it evaluated (screened). `budget` may be
-    made once the candidates are screened (so its time limit counts what that took)."""
+    made once the candidates are screened (so its time limit counts what that took).
+    `deadline`: (the `time.monotonic()` the command started at, its time limit in seconds);
+    a screen that runs past it is a ValueError saying so."""
     shape = WorkloadShape.of(load_workload(base))
     screen = Screen(perf_by_degree(base), shape, base.slo.targets(), base.goodput.target,
                     base.instance.max_batch_size)
     candidates = build_candidates(base, policy, gpus, screen)
-    for candidate in candidates:
+    for done, candidate in enumerate(candidates):
+        if deadline is not None and done % 1000 == 0 and \
+                time.monotonic() - deadline[0] > deadline[1] - OUTPUT_S:
+            raise ValueError(
+                f"the time limit ({deadline[1]:g}s) passed while screening "
+                f"{done:,} of the {len(candidates):,} configurations on {gpus} GPUs, before "
+                f"any simulation: give --time-limit more, or name one --policy")
         screen.estimate(candidate.deployment)
     runner = MultiFidelitySearch(base, candidates, screen,
                                  budget if isinstance(budget, SearchBudget) else budget(),
@@ -167,9 +176,15 @@ def run(args: argparse.Namespace) -> int:
     tp = base.perf.tp or default_tp(base.perf.model, base.perf.gpu)  # one the model fits
     print(f"priced by {perf_by_degree(base)(tp).name}", flush=True)
     progress = ProgressLine(enabled=not args.no_progress)
-    outcome, evaluated = search(
-        base, args.policy, gpus,
-        lambda: budget_from_args(args, time.monotonic() - started), progress)
+    screened_s = 0.0  # from the start to the end of the screen, when the budget is made
+
+    def budget_after_screen() -> SearchBudget:
+        nonlocal screened_s
+        screened_s = time.monotonic() - started
+        return budget_from_args(args, screened_s)
+
+    outcome, evaluated = search(base, args.policy, gpus, budget_after_screen, progress,
+                                (started, args.time_limit))
     progress.close()
     rows = policy_rows(outcome, LONG.rel_tol)
     result = verdict(rows)
@@ -184,16 +199,24 @@ def run(args: argparse.Namespace) -> int:
     errors = [r.short.error for r in outcome.records if r.short and r.short.error]
     if errors:
         print(f"{len(errors)} trials could not run, e.g. {errors[0]}")
-    print(format_table(rows))
-    print(format_verdict(result, rows))
-    wanted = (confirmation_requests(base, result.winner.goodput.mean)
+    # at the winner's sustained rate: a run cut short serves a burst, whose "goodput" can be
+    # 1,000x what the cluster sustains; the screen's steady-state estimate is not fooled
+    wanted = (confirmation_requests(base, min(result.winner.goodput.mean,
+                                              result.winner.screen_goodput_rps))
               if result.winner is not None else None)
     if wanted is not None and wanted > base.workload.synthetic_requests:
-        print(f"note: the synthetic workload holds {base.workload.synthetic_requests} requests "
-              f"and a confirmation at the winner's goodput wants {wanted} ("
+        print(f"warning: the synthetic workload holds {base.workload.synthetic_requests:,} "
+              f"requests and a confirmation at the winner's sustained rate wants {wanted:,} ("
               f"{LONG.duration_s:g}s of arrivals): the runs were cut short, so the goodputs "
               f"are a burst's, not a steady state's; leave --synthetic-requests out (or give "
-              f"{wanted} or more) for a sustained rate")
+              f"{wanted:,} or more) for a sustained rate")
+    print(format_table(rows))
+    if not short and outcome.stopped_at_limit:  # not "nothing meets the SLOs": nothing ran
+        print(f"no simulation finished within the time limit ({args.time_limit:g}s; loading "
+              f"and screening the {evaluated} configurations took {screened_s:.1f}s): no "
+              f"winner; give --time-limit more")
+    else:
+        print(format_verdict(result, rows))
     for fidelity in ("short", "long"):
         print(format_screen_error(screen_error(outcome, fidelity)))
     if args.out:

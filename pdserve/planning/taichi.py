@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pdserve.config import Config
 from pdserve.config_flags import config_from_args
+from pdserve.planning.splits import split_counts
 from pdserve.sim.runner import Experiment, load_perf_model
 
 DISAGGREGATED_CHUNK_TOKENS = 16384  # "S_P = the maximum context" for the workloads shipped
@@ -62,10 +63,10 @@ def slider_grid(instances: int, chunk_sizes: Sequence[int],
     if instances < 2:
         raise ValueError(f"the slider search needs at least 2 instances, got {instances}")
     points = [SliderPoint(0, instances, c, c) for c in sorted(set(chunk_sizes))]
+    splits = split_counts(instances)
     if 0 in d_chunk_sizes:
-        points += [SliderPoint(p, instances - p, DISAGGREGATED_CHUNK_TOKENS, 0)
-                   for p in range(1, instances)]
-    for p in range(1, instances):
+        points += [SliderPoint(p, instances - p, DISAGGREGATED_CHUNK_TOKENS, 0) for p in splits]
+    for p in splits:
         for s_p in sorted(set(chunk_sizes)):
             points += [SliderPoint(p, instances - p, s_p, s_d)
                        for s_d in sorted(set(d_chunk_sizes)) if 0 < s_d < s_p]

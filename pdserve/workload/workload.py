@@ -14,6 +14,11 @@ import numpy as np
 
 from pdserve.types import Request
 
+# the most requests a workload may hold: each simulated request costs ~850 bytes (1,000,000
+# synthetic ones on 8 instances: 843 MB peak, 47 s); beyond this a run exhausts a machine's
+# memory before it says anything
+MAX_REQUESTS = 10_000_000
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -107,6 +112,9 @@ class Workload:
         if copies == 1 or len(self) == 0:
             return self
         n = len(self)
+        if n * copies > MAX_REQUESTS:
+            raise ValueError(f"{copies} copies of {n} requests exceed the {MAX_REQUESTS:,} "
+                             f"requests a workload may hold")
         period_s = self.span_s + (self.span_s / (n - 1) if n > 1 else 1.0)
         shifts = np.repeat(np.arange(copies, dtype=np.float64) * period_s, n)
         sessions = self.session_id
