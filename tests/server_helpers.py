@@ -13,6 +13,7 @@ from conftest import make_perf
 
 from pdserve.config import serve_defaults
 from pdserve.live.replay_client import free_port, wait_until_healthy
+from pdserve.server.connections import HeaderDeadlineProtocol
 from pdserve.server.launch import build_app
 
 
@@ -32,7 +33,7 @@ def running_server(tmp_dir: Path, values: dict[str, object] | None = None
     app = build_app(config)
     port = config.server.port
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
+                                           log_level="warning", http=HeaderDeadlineProtocol))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

@@ -97,6 +97,9 @@ def test_serve_takes_the_api_key_from_the_environment(tmp_path, monkeypatch):
     assert (server.api_key, server.served_model_name, server.max_model_len,
             server.max_body_bytes) == ("from-env", "m", 512, 1000)
     assert seen["log_level"] == "warning"
+    from pdserve.server.connections import HeaderDeadlineProtocol
+
+    assert seen["http"] is HeaderDeadlineProtocol  # the deadline on request headers
     assert main(["serve", "--api-key", "flag"]) == 0
     assert seen["config"].server.api_key == "flag"
 

@@ -60,6 +60,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
+        from pdserve.server.connections import HeaderDeadlineProtocol
         from pdserve.server.launch import build_app
     except ImportError as err:
         raise ValueError(f"serving needs the serve extra (pip install 'pdserve[serve]'): "
@@ -67,7 +68,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     config = serve_config(args)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pdserve").setLevel(config.server.log_level.upper())
-    # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed)
+    # on shutdown, open streams get 10 s to finish; the rest are cancelled (KV freed); a
+    # request's headers must arrive within 20 s (`connections.py`)
     uvicorn.run(build_app(config), host=config.server.host, port=config.server.port,
-                log_level=config.server.log_level, timeout_graceful_shutdown=10)
+                log_level=config.server.log_level, timeout_graceful_shutdown=10,
+                http=HeaderDeadlineProtocol)
     return 0
