@@ -9,7 +9,9 @@
    other phase is an idealised instance (a thousandth of the time, unbounded memory), so the
    figure is the replica's own. Replica counts are simulated on a grid (1, 2, 3, 4, 6, 8,
    then doubling steps, and the largest) and interpolated linearly in the load 1/k in
-   between.
+   between; the ILP sees every count up to 64 replicas of a degree and the planner's split
+   grid beyond (`splits.split_counts`: every count to 4,095 made the ILP run for minutes
+   in 5.5 GB on 4,096 GPUs; the paper plans 8-32 GPUs).
 2. Solve the ILP of Eq. 5 (`ampd_ilp.solve`) for the top three deployments.
 Simulations run in `--jobs` processes (2 by default), with a progress line per result.
 """
@@ -35,6 +37,7 @@ from pdserve.perf.specs import check_tp, model_spec
 from pdserve.planning.ampd_ilp import INFEASIBLE, Deployment, solve
 from pdserve.planning.ampd_inputs import PlanInputs, replica_sim_settings, replica_workload
 from pdserve.planning.ampd_verify import verify
+from pdserve.planning.splits import split_counts
 from pdserve.policies.ampd.preset import build_ampd_policy
 from pdserve.sim.simulator import Simulator
 from pdserve.types import Request
@@ -110,7 +113,7 @@ def _job(args: tuple[str, int, int, PlanInputs]) -> tuple[str, int, int, float]:
     return phase, degree, replicas, replica_tau(phase, degree, replicas, inputs)
 
 
-def interpolate(samples: dict[int, float], counts: range) -> dict[int, float]:
+def interpolate(samples: dict[int, float], counts: Sequence[int]) -> dict[int, float]:
     """tau at every replica count, linear in the load 1/k between simulated counts."""
     known = sorted(samples)
     loads = [1 / k for k in reversed(known)]
@@ -137,7 +140,8 @@ def tau_tables(inputs: PlanInputs, jobs: int = 2, progress: bool = True
     tables: tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]] = ({}, {})
     for (phase, degree), by_count in samples.items():
         table = tables[0] if phase == "prefill" else tables[1]
-        for k, tau in interpolate(by_count, range(1, (inputs.gpus - 1) // degree + 1)).items():
+        counts = split_counts((inputs.gpus - 1) // degree + 1)  # all to 64, a grid beyond
+        for k, tau in interpolate(by_count, counts).items():
             table[degree, k] = tau
     return tables
 
