@@ -4,6 +4,7 @@ limit, known optimum), the JSON record and the winner's config."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 
@@ -22,7 +23,7 @@ from pdserve.planning.candidates import (
     enumerate_candidates,
     feasible_degrees,
 )
-from pdserve.planning.fidelity import Fidelity
+from pdserve.planning.fidelity import LIFETIME_TPOT_CAP_S, Fidelity, request_lifetime_s
 from pdserve.planning.multi_fidelity import SearchBudget
 from pdserve.planning.outcome import Interval, policy_rows, verdict
 from pdserve.planning.screen import Screen, WorkloadShape
@@ -131,6 +132,25 @@ def test_the_screen_prices_a_prefill_bound_deployment_as_the_model_does():
     two = Deployment((InstanceGroup(2, 1, 2048, True, False),
                       InstanceGroup(2, 1, 2048, False, True)))
     assert screen.estimate(two).capacity_rps == pytest.approx(2 * by_hand, rel=0.01)
+
+
+def test_slos_that_do_not_bind_neither_crash_the_screen_nor_size_endless_runs(capsys):
+    """An infinite TPOT SLO let the screen's fixed point run to an infinite step (an
+    OverflowError); a TPOT SLO of 1e6 s sized each run at 10^8 s of arrivals (every trial
+    failed: "no candidate meets the SLOs"). The plan refuses infinite SLOs outright."""
+    shape = WorkloadShape.of(load_workload(DECODE_HEAVY))
+    deployment = Deployment((InstanceGroup(2, 1, 2048, True, False),
+                             InstanceGroup(6, 1, 2048, False, True)))
+    bounded = Screen(H800_8B, shape, SLO(2.0, 0.1), 0.9, 256).estimate(deployment)
+    unbounded = Screen(H800_8B, shape, SLO(2.0, math.inf), 0.9, 256).estimate(deployment)
+    assert 0 < bounded.capacity_rps <= unbounded.capacity_rps < math.inf
+    workload = load_workload(DECODE_HEAVY)
+    mean_output = float(workload.output_tokens.mean())
+    assert request_lifetime_s(workload, 0.05) == pytest.approx(0.05 * mean_output)
+    assert request_lifetime_s(workload, 1e6) == request_lifetime_s(workload, math.inf) == \
+        pytest.approx(LIFETIME_TPOT_CAP_S * mean_output)
+    assert main(["plan", "--tpot-slo", "inf", "--no-progress"]) == 2
+    assert "an infinite one (TTFT 2s, TPOT infs)" in capsys.readouterr().err
 
 
 def test_the_screen_is_within_a_fifth_of_the_simulation_where_it_models_everything():

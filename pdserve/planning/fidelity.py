@@ -82,10 +82,16 @@ class TrialResult:
     error: str = ""  # why the trial could not run (its goodput is then 0)
 
 
+# a decode step no engine takes: the TPOT that sizes runs is the SLO's, up to this (an SLO
+# of 1e6 s or inf, "no TPOT target", sized runs of 10^8 s of arrivals and failed them all)
+LIFETIME_TPOT_CAP_S = 1.0
+
+
 def request_lifetime_s(workload: Workload, tpot_slo_s: float) -> float:
     """How long a request holds its decode slot at the TPOT SLO: mean output tokens x TPOT
-    (a fidelity's runs last at least a number of these)."""
-    return float(workload.output_tokens.mean()) * tpot_slo_s
+    (a fidelity's runs last at least a number of these), the TPOT at most
+    `LIFETIME_TPOT_CAP_S`."""
+    return float(workload.output_tokens.mean()) * min(tpot_slo_s, LIFETIME_TPOT_CAP_S)
 
 
 class WorkloadSamples:

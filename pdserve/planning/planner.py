@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -164,6 +165,11 @@ def budget_from_args(args: argparse.Namespace, spent_s: float = 0.0) -> SearchBu
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     base = uncapped_synthetic(config_from_args(args, plan_defaults()), args)
+    if not (math.isfinite(base.slo.ttft_s) and math.isfinite(base.slo.tpot_s)):
+        raise ValueError(f"pdserve plan ranks deployments by the rate that meets both SLOs; "
+                         f"an infinite one (TTFT {base.slo.ttft_s:g}s, TPOT "
+                         f"{base.slo.tpot_s:g}s) leaves queues free to grow without bound: "
+                         f"give each a finite number of seconds")
     gpus = args.gpus or DEFAULT_GPUS
     budget = budget_from_args(args)
     if args.out:  # before the search: an --out that cannot be a directory fails now

@@ -52,6 +52,9 @@ from pdserve.workload.workload import Workload
 
 QUANTILES = 64  # input lengths the TTFT check prices (evenly spaced quantiles)
 FIXED_POINT_STEPS = 80
+# a step this long cannot keep up, whatever the SLO (an infinite TPOT SLO once let the
+# fixed point run to an infinite step time)
+MAX_STEP_S = 60.0
 RATE_PRECISION = 0.005  # the goodput bisection stops within this (relative)
 
 
@@ -167,7 +170,7 @@ class Screen:
         perf, shape = self.perf(group.tp), self.shape
         a = decode_rps * shape.mean_output
         b = prefill_rps * prefills.mean_tokens
-        bound = self.slo.tpot_s if group.decode and a > 0 else 60.0
+        bound = min(self.slo.tpot_s, MAX_STEP_S) if group.decode and a > 0 else MAX_STEP_S
         mixed = group.prefill and group.decode
         t = 0.0
         for _ in range(FIXED_POINT_STEPS):
