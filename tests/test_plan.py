@@ -153,6 +153,27 @@ def test_slos_that_do_not_bind_neither_crash_the_screen_nor_size_endless_runs(ca
     assert "an infinite one (TTFT 2s, TPOT infs)" in capsys.readouterr().err
 
 
+def test_plan_inputs_that_crashed_or_ran_away_are_answered_at_once(tmp_path, capsys):
+    """Found by a probe: --tp above --gpus and a trace arriving at one instant were a
+    ZeroDivisionError; --json into no directory failed after the whole search; a TPOT SLO
+    below every decode step ran 27 s into 3.5 GB (the screen's capacity was 0 too, so the
+    search crawled up from 0.001 req/s) before saying the time limit passed."""
+    burst = tmp_path / "burst.csv"
+    burst.write_text("arrival_s,input_tokens,output_tokens\n0,500,100\n0,300,50\n")
+    for argv, message in (
+            (["--gpus", "5", "--tp", "8"], "a tensor-parallel degree of 8 needs 8 GPUs"),
+            (["--trace", str(burst)], "has none to scale (2 requests arriving at one instant)"),
+            (["--json", str(tmp_path / "missing" / "plan.json")], "does not exist")):
+        assert main(["plan", "--no-progress", *argv]) == 2
+        assert message in capsys.readouterr().err
+    started = time.monotonic()
+    assert main(["plan", "--tpot-slo", "0.002", "--policy", "colocated", "--gpus", "2",
+                 "--shortlist", "1", "--verify", "0", "--jobs", "1", "--time-limit", "60",
+                 "--no-progress"]) == 1
+    assert "no candidate meets the SLOs at any rate tried" in capsys.readouterr().out
+    assert time.monotonic() - started < 30  # was the whole time limit, then "give it more"
+
+
 def test_the_screen_is_within_a_fifth_of_the_simulation_where_it_models_everything():
     """Disaggregated, Poisson arrivals, one length: queueing is all it leaves out."""
     shape = WorkloadShape.of(load_workload(PREFILL_HEAVY))
@@ -186,6 +207,8 @@ def test_intervals_and_ties():
     assert (same_step.low, same_step.high) == (5.0, pytest.approx(5.2))
     assert a.overlaps(Interval.of([12.0, 13.0, 14.0]))
     assert not a.overlaps(Interval.of([20.0, 20.5, 21.0]))
+    spread = Interval.of([0.0, 20.8])  # a rate is never negative
+    assert spread.low == 0.0 and spread.high > 20.8
 
 
 def test_the_time_limit_is_honoured():

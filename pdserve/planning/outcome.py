@@ -30,13 +30,14 @@ class Interval:
         """Mean and 95 % t-interval over the values (a single value: no width). Each value
         is a goodput search's highest passing rate, the true one up to `resolution` (its
         relative tolerance) above it: the interval's top widens by that much, so seeds that
-        land on the same step of the search do not read as no uncertainty."""
+        land on the same step of the search do not read as no uncertainty. A rate is never
+        negative: the bottom stops at 0 (two seeds of 0 and 20 gave [-2.6, 23.9])."""
         mean = statistics.fmean(values)
         if len(values) < 2:
             return cls(mean, mean, mean, len(values))
         half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(
             len(values))
-        return cls(mean, mean - half, mean + half + resolution * mean, len(values))
+        return cls(mean, max(0.0, mean - half), mean + half + resolution * mean, len(values))
 
     def overlaps(self, other: Interval) -> bool:
         return self.low <= other.high and other.low <= self.high

@@ -111,11 +111,14 @@ def perf_by_degree(base: Config) -> Callable[[int], PerfModel]:
 
 def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> list[Candidate]:
     sessions = is_session_workload(base.workload.trace)
+    if base.perf.tp > gpus:
+        raise ValueError(f"a tensor-parallel degree of {base.perf.tp} needs {base.perf.tp} GPUs "
+                         f"an instance; the plan has {gpus}")
     degrees = ([base.perf.tp] if base.perf.tp else
                feasible_degrees(base.perf.model, gpus, screen.perf))
     if not degrees:
-        raise ValueError(f"{base.perf.model} fits no tensor-parallel degree on {gpus} "
-                         f"{base.perf.gpu} GPUs")
+        raise ValueError(f"{base.perf.model} fits no tensor-parallel degree that divides "
+                         f"{gpus} {base.perf.gpu} GPUs (the plan puts every GPU to use)")
     candidates: list[Candidate] = []
     for space in spaces_for(policy, sessions):
         found = (enumerate_candidates(space, gpus, degrees)
@@ -174,6 +177,13 @@ def run(args: argparse.Namespace) -> int:
     budget = budget_from_args(args)
     if args.out:  # before the search: an --out that cannot be a directory fails now
         args.out.mkdir(parents=True, exist_ok=True)
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise ValueError(f"--json {args.json}: its directory does not exist")
+    workload = load_workload(base)
+    if not workload.mean_rate_rps > 0:  # the goodput searches scale the arrival rate
+        raise ValueError(f"the plan's goodput searches scale the workload's arrival rate, "
+                         f"and {workload.name!r} has none to scale ({len(workload)} requests "
+                         f"arriving at one instant)")
     print(f"planning {base.perf.model} on {gpus} x {base.perf.gpu} for "
           f"{base.workload.trace} (TTFT SLO {base.slo.ttft_s:g}s, TPOT SLO "
           f"{base.slo.tpot_s:g}s, goodput at {base.goodput.target:.0%} attainment); policy "
@@ -211,11 +221,14 @@ def run(args: argparse.Namespace) -> int:
                                               result.winner.screen_goodput_rps))
               if result.winner is not None else None)
     if wanted is not None and wanted > base.workload.synthetic_requests:
-        print(f"warning: the synthetic workload holds {base.workload.synthetic_requests:,} "
-              f"requests and a confirmation at the winner's sustained rate wants {wanted:,} ("
-              f"{LONG.duration_s:g}s of arrivals): the runs were cut short, so the goodputs "
-              f"are a burst's, not a steady state's; leave --synthetic-requests out (or give "
-              f"{wanted:,} or more) for a sustained rate")
+        held = base.workload.synthetic_requests
+        remedy = (f"give --synthetic-requests {wanted:,} (the planner draws at most {held:,} "
+                  f"unless told)" if held >= SYNTHETIC_DRAW_MAX else
+                  f"leave --synthetic-requests out (or give {wanted:,} or more)")
+        print(f"warning: the synthetic workload holds {held:,} requests and a confirmation at "
+              f"the winner's sustained rate wants {wanted:,} ({LONG.duration_s:g}s of "
+              f"arrivals): the runs were cut short, so the goodputs are a burst's, not a "
+              f"steady state's; {remedy} for a sustained rate")
     print(format_table(rows))
     if not short and outcome.stopped_at_limit:  # not "nothing meets the SLOs": nothing ran
         print(f"no simulation finished within the time limit ({args.time_limit:g}s; loading "

@@ -116,7 +116,9 @@ class WorkloadShape:
 @dataclass(frozen=True)
 class ScreenEstimate:
     goodput_rps: float  # highest rate meeting the SLOs, by the screen
-    capacity_rps: float  # highest rate the instances keep up with, SLOs aside
+    # highest rate the instances keep up with, decode steps within the TPOT SLO; where the
+    # goodput is 0, with steps of any length (SLOs aside: where the search starts down)
+    capacity_rps: float
     ttft_p50_s: float  # at the goodput rate (nan when it is 0)
     ttft_p90_s: float
     tpot_s: float
@@ -165,12 +167,14 @@ class Screen:
 
     # ---- one instance at a load ----
     def _load(self, group: InstanceGroup, prefill_rps: float, decode_rps: float,
-              prefills: PrefillShape) -> _GroupLoad | None:
-        """The instance's steady state, or None when it cannot keep up."""
+              prefills: PrefillShape, tpot_bound: bool = True) -> _GroupLoad | None:
+        """The instance's steady state, or None when it cannot keep up (with `tpot_bound`:
+        or when its decode steps pass the TPOT SLO)."""
         perf, shape = self.perf(group.tp), self.shape
         a = decode_rps * shape.mean_output
         b = prefill_rps * prefills.mean_tokens
-        bound = min(self.slo.tpot_s, MAX_STEP_S) if group.decode and a > 0 else MAX_STEP_S
+        bound = (min(self.slo.tpot_s, MAX_STEP_S) if tpot_bound and group.decode and a > 0
+                 else MAX_STEP_S)
         mixed = group.prefill and group.decode
         t = 0.0
         for _ in range(FIXED_POINT_STEPS):
@@ -258,15 +262,16 @@ class Screen:
         return splits
 
     def _at_rate(self, deployment: Deployment, rate_rps: float,
-                 split: tuple[list[float], list[float]], attainment: bool = True
-                 ) -> tuple[list[_GroupLoad], float] | None:
+                 split: tuple[list[float], list[float]], attainment: bool = True,
+                 tpot_bound: bool = True) -> tuple[list[_GroupLoad], float] | None:
         """Each group's load and the SLO attainment at `rate_rps` (nan unless
-        `attainment`); None: the instances cannot keep up."""
+        `attainment`); None: the instances cannot keep up (`tpot_bound`: within the TPOT
+        SLO)."""
         loads = []
         for group, p_share, d_share in zip(deployment.groups, *split, strict=True):
             load = self._load(group, rate_rps * p_share / group.count,
                               rate_rps * d_share / group.count,
-                              self._prefills(deployment, group))
+                              self._prefills(deployment, group), tpot_bound)
             if load is None:
                 return None
             loads.append(load)
@@ -311,10 +316,11 @@ class Screen:
             low, high = (middle, high) if ok(middle) else (low, middle)
         return low
 
-    def _capacity(self, deployment: Deployment, split: tuple[list[float], list[float]]
-                  ) -> float:
+    def _capacity(self, deployment: Deployment, split: tuple[list[float], list[float]],
+                  tpot_bound: bool = True) -> float:
         def keeps_up(rate: float) -> bool:
-            return self._at_rate(deployment, rate, split, attainment=False) is not None
+            return self._at_rate(deployment, rate, split, attainment=False,
+                                 tpot_bound=tpot_bound) is not None
 
         low, high = 0.0, 1.0
         while keeps_up(high):
@@ -352,6 +358,11 @@ class Screen:
                 best = (goodput, capacity, split)
         assert best is not None
         goodput, capacity, split = best
+        if goodput <= 0:  # what keeps up at all, where the planner's search then starts down
+            #  (a TPOT SLO below every step made it 0, and the search crawled up from
+            #  0.001 req/s through days of near-idle arrivals, 3.5 GB and more)
+            capacity = max(self._capacity(deployment, s, tpot_bound=False)
+                           for s in self._shares(deployment))
         state = self._at_rate(deployment, goodput, split) if goodput > 0 else None
         if state is None:
             return ScreenEstimate(goodput, capacity, math.nan, math.nan, math.nan)
