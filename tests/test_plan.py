@@ -174,6 +174,32 @@ def test_plan_inputs_that_crashed_or_ran_away_are_answered_at_once(tmp_path, cap
     assert time.monotonic() - started < 30  # was the whole time limit, then "give it more"
 
 
+def test_a_goodput_that_only_reached_the_search_ceiling_is_flagged(capsys):
+    """60 requests of a trace: any rate serves them as a burst, so every rate tried passes
+    and the plan's "goodput" (over 1,000,000 req/s on 8 GPUs) is only the search's ceiling."""
+    assert main(["plan", "--max-requests", "60", "--policy", "colocated", "--gpus", "2",
+                 "--shortlist", "1", "--verify", "0", "--jobs", "1", "--time-limit", "60",
+                 "--no-progress"]) == 0
+    assert ("warning: colocated: every rate the search tried met the SLOs, up to its "
+            "ceiling") in capsys.readouterr().out
+
+
+def test_a_session_plan_draws_as_many_sessions_as_its_runs_need():
+    """Capped at the default 1,000 sessions, a session plan's runs were bursts: the winner
+    served "1,500,134 req/s" on 8 GPUs."""
+    import argparse
+
+    from pdserve.planning.planner import SYNTHETIC_DRAW_MAX, uncapped_synthetic
+
+    sessions = Config().with_values({"workload.trace": "agent:toolbench"})
+    plain = argparse.Namespace()
+    assert uncapped_synthetic(sessions, plain).workload.synthetic_requests == \
+        SYNTHETIC_DRAW_MAX // 8
+    given = argparse.Namespace(**{"workload.synthetic_requests": 300})
+    assert uncapped_synthetic(sessions.with_values({"workload.synthetic_requests": 300}),
+                              given).workload.synthetic_requests == 300
+
+
 def test_the_screen_is_within_a_fifth_of_the_simulation_where_it_models_everything():
     """Disaggregated, Poisson arrivals, one length: queueing is all it leaves out."""
     shape = WorkloadShape.of(load_workload(PREFILL_HEAVY))

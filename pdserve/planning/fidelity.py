@@ -80,6 +80,9 @@ class TrialResult:
     requests: int  # replayed by the run at the goodput rate
     wall_s: float
     error: str = ""  # why the trial could not run (its goodput is then 0)
+    # every rate the search tried met the SLOs (`GoodputResult.ceiling_reached`): the
+    # goodput is a lower bound, and its runs likely too short to load the cluster
+    ceiling_reached: bool = False
 
 
 # a decode step no engine takes: the TPOT that sizes runs is the SLO's, up to this (an SLO
@@ -179,7 +182,8 @@ def run_trial(trial: Trial, samples: WorkloadSamples,
     tpot = (at[0].tpot_s.p50, at[0].tpot_s.p90) if at else (nan, nan)
     requests = len(experiment_at(result.rate_rps).workload) if result.rate_rps > 0 else 0
     return TrialResult(trial.key, fidelity.name, seed, result.rate_rps, *ttft, *tpot,
-                       len(result.points), requests, time.perf_counter() - started)
+                       len(result.points), requests, time.perf_counter() - started,
+                       ceiling_reached=result.ceiling_reached)
 
 
 _SAMPLES: WorkloadSamples | None = None
