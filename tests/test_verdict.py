@@ -31,10 +31,10 @@ T_975_4DOF = 2.7764451051977987
 
 
 def test_interval_is_the_student_t_95_percent_interval() -> None:
-    interval = Interval.of([1.0, 2.0, 3.0])
+    interval = Interval.of([3.0, 4.0, 5.0])
     half = T_975_2DOF * 1.0 / math.sqrt(3)  # sample standard deviation 1
-    assert interval.mean == pytest.approx(2.0)
-    assert (interval.low, interval.high) == pytest.approx((2.0 - half, 2.0 + half))
+    assert interval.mean == pytest.approx(4.0)
+    assert (interval.low, interval.high) == pytest.approx((4.0 - half, 4.0 + half))
     assert interval.samples == 3
     values = [10.0, 12.0, 11.0, 13.0, 9.0]  # mean 11, sd sqrt(2.5)
     interval = Interval.of(values)
