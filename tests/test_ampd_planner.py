@@ -120,3 +120,17 @@ def test_pdserve_plan_takes_the_performance_source_from_its_flags() -> None:
     inputs = plan_inputs(config_from_args(args, plan_defaults()), args.gpus)
     assert (inputs.backend, inputs.host_overhead) == ("sglang", "none")
     assert "sglang@" in inputs.perf(2).name and "host none" in inputs.perf(2).name
+
+
+def test_the_planner_warns_when_no_deployment_meets_the_slos(capsys) -> None:
+    """A top three all with Z > 1 (the worse phase's p95 over its SLO) was printed as a plan,
+    exit 0, with no word that none of them meets the SLOs."""
+    from pdserve.cli import main
+
+    quick = ["plan", "--policy", "ampd", "--gpus", "3", "--synthetic-requests", "5",
+             "--synthetic-rate", "0.5", "--model", "llama-3.1-8b", "--gpu", "h800",
+             "--processes", "1"]
+    assert main([*quick, "--ttft-slo", "0.001"]) == 0
+    assert "warning: no deployment meets both SLOs" in capsys.readouterr().out
+    assert main(quick) == 0
+    assert "warning" not in capsys.readouterr().out

@@ -184,6 +184,19 @@ def test_a_goodput_that_only_reached_the_search_ceiling_is_flagged(capsys):
             "ceiling") in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--policy", "taichi", "--gpus", "4"], "--gpus: not used by pdserve plan --policy taichi"),
+    (["--policy", "ampd", "--gpus", "4", "--json", "x.json", "--time-limit", "5"],
+     "--json, --time-limit: not used by pdserve plan --policy ampd"),
+    (["--instances", "4", "--top", "3"],
+     "--instances, --top: not used by pdserve plan --policy all"),
+])
+def test_options_a_planner_does_not_read_are_refused(argv, message, capsys):
+    """TaiChi's planner placed 8 instances under --gpus 4 and wrote no --json, silently."""
+    assert main(["plan", "--no-progress", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_a_session_plan_draws_as_many_sessions_as_its_runs_need():
     """Capped at the default 1,000 sessions, a session plan's runs were bursts: the winner
     served "1,500,134 req/s" on 8 GPUs."""

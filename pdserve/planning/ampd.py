@@ -192,6 +192,9 @@ def run_plan(args: argparse.Namespace) -> int:
     for rank, deployment in enumerate(deployments[:args.top], 1):
         print(f"  {rank}. {deployment.describe()}  Z={deployment.z:.3g} (prefill "
               f"{deployment.tau_prefill:.3g}, decode {deployment.tau_decode:.3g})")
+    if deployments and deployments[0].z > 1:
+        print(f"warning: no deployment meets both SLOs: the best one's worse phase has a p95 "
+              f"latency {deployments[0].z:.3g}x its SLO (Z > 1)")
     if args.verify > 0:
         checked = verify(inputs, deployments[:args.verify], args.jobs)
         print(f"the ILP's {len(checked)} best, simulated as whole clusters under ampd, "

@@ -51,6 +51,13 @@ PLANNER_DEFAULTS: dict[str, dict[str, Any]] = {  # the planners' own options
     # about a minute and a half on 2 cores, all of them (jobs None: os.cpu_count())
     "all": {"top": 5, "time_limit": 85.0, "jobs": None, "verify": 2},
 }
+# options a planner does not read: given, they are an error, not silently ignored (TaiChi's
+# planner placed 8 instances under --gpus 4 and wrote no --json)
+NOT_READ: dict[str, tuple[str, ...]] = {
+    "taichi": ("gpus", "json", "verify"),  # it places --instances of the config's degree
+    "ampd": ("json", "instances", "time_limit"),
+    "all": ("instances", "top"),  # the table has a row per policy
+}
 
 SHARED_FLAGS = (
     Flag("--trace", "workload.trace", "shipped trace, trace file, 'synthetic', or a session "
@@ -85,6 +92,11 @@ def _run(args: argparse.Namespace) -> int:
     planner_name = args.policy if args.policy in PLANNERS else "all"
     if planner_name == "all":
         spaces_for(args.policy, sessions=True)  # an unknown name is an error now
+    given = [name for name in NOT_READ[planner_name] if getattr(args, name) is not None]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(f"{flags}: not used by pdserve plan --policy {args.policy} "
+                         f"(see pdserve plan --help for which planner reads what)")
     for name, value in PLANNER_DEFAULTS[planner_name].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
