@@ -97,6 +97,17 @@ def request_lifetime_s(workload: Workload, tpot_slo_s: float) -> float:
     return float(workload.output_tokens.mean()) * min(tpot_slo_s, LIFETIME_TPOT_CAP_S)
 
 
+def trace_repeat(base: Config, trace_requests: int, count: int) -> dict[str, Any]:
+    """The `workload.repeat` a sample of `count` requests of the base's trace (of
+    `trace_requests`) is drawn from: replayed end to end to at least twice the sample's
+    length, so the seeds' windows differ and a doubled run still takes in new arrivals; {}
+    when the trace holds the sample, or the base chose a window (replayed whole)."""
+    w = base.workload
+    if trace_requests > count or w.duration_s is not None or w.max_requests is not None:
+        return {}
+    return {"workload.repeat": w.repeat * math.ceil(2 * count / trace_requests)}
+
+
 class WorkloadSamples:
     """The base config's workload and its samples by (fidelity, seed); one per process."""
 
@@ -119,9 +130,7 @@ class WorkloadSamples:
         if len(full) <= count:
             if w.duration_s is not None or w.max_requests is not None:
                 return {}  # a window the base chose replays whole
-            # the trace replayed end to end, at least twice the sample's length, so the
-            # seeds' windows differ and a doubled run still takes in new arrivals
-            tiled = {"workload.repeat": w.repeat * math.ceil(2 * count / len(full))}
+            tiled = trace_repeat(self.base, len(full), count)
             full = self._tiled(tiled)
         samples = self.seeds if fidelity.name == "long" else 1
         first = round((seed + 0.5) / samples * (len(full) - count))
