@@ -218,10 +218,11 @@ def run(args: argparse.Namespace) -> int:
     wall_s = time.monotonic() - started
     short = len({r.candidate.simulation_key for r in outcome.records if r.short})
     long = len({(r.candidate.simulation_key, t.seed) for r in outcome.records for t in r.long})
+    confirmed = len({r.candidate.simulation_key for r in outcome.records if r.long})
     print(f"{evaluated} configurations screened, {short} simulated short "
           f"(>= {SHORT.duration_s:g}s of arrivals), {long} long runs (>= "
-          f"{LONG.duration_s:g}s, "
-          f"{budget.seeds} seeds for each of the {budget.verify} best) in {wall_s:.1f}s"
+          f"{LONG.duration_s:g}s, up to {budget.seeds} seeds for each of {confirmed} "
+          f"confirmed) in {wall_s:.1f}s"
           + ("; stopped at the time limit" if outcome.stopped_at_limit else ""))
     errors = [r.short.error for r in outcome.records if r.short and r.short.error]
     if errors:
@@ -250,6 +251,11 @@ def run(args: argparse.Namespace) -> int:
               f"is a lower bound, and a run that never loads the cluster (a short trace "
               f"window, few requests) reads as an unbounded rate")
     print(format_table(rows))
+    shown = {row.space for row in rows}
+    unsimulated = sorted({r.candidate.space for r in outcome.records} - shown)
+    if unsimulated and outcome.stopped_at_limit:  # a policy left out is no policy beaten
+        print(f"not simulated before the time limit (so not ranked): "
+              f"{', '.join(unsimulated[:6])}{' ...' if len(unsimulated) > 6 else ''}")
     if not short and outcome.stopped_at_limit:  # not "nothing meets the SLOs": nothing ran
         print(f"no simulation finished within the time limit ({args.time_limit:g}s; loading "
               f"and screening the {evaluated} configurations took {screened_s:.1f}s): no "
