@@ -82,6 +82,20 @@ def test_goodput_below_one_and_zero():
     assert never.rate_text == "< 0.12 req/s" and low.rate_text == f"{low.rate_rps:.2f} req/s"
 
 
+def test_goodput_search_goes_no_lower_than_its_floor():
+    """`Experiment.goodput` sets the floor where a run would pass the simulator's tick
+    limit: an unreachable SLO ended in that limit's error instead of "below"."""
+    tried = []
+
+    def run(scale: float) -> Summary:
+        tried.append(scale)
+        return fake_summary(0.0)
+
+    result = search_goodput(run, 1.0, 0.9, 0.01, min_scale=0.1)
+    assert tried == [1.0, 0.5, 0.25, 0.125] and result.rate_scale == 0.0
+    assert "goodput: below rate scale 0.125" in format_goodput(result)
+
+
 def test_goodput_that_reaches_the_search_ceiling_is_reported_as_a_lower_bound():
     """SLOs that never bind (infinite, or a workload far below capacity): every scale up to
     the ceiling passes, and the report says "at least", not a goodput."""

@@ -57,11 +57,13 @@ class GoodputResult:
 def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
                    target_attainment: float, rel_tol: float, max_doublings: int = 12,
                    on_point: Callable[[GoodputPoint], None] | None = None,
-                   start_scale: float = 1.0, step: float = 2.0) -> GoodputResult:
+                   start_scale: float = 1.0, step: float = 2.0,
+                   min_scale: float = 0.0) -> GoodputResult:
     """`run(scale)` serves the workload at `scale` times its rate and summarizes it;
     `target_attainment` and `rel_tol` are the config's `goodput.target` and `.tolerance`.
     The bracket starts at `start_scale` and grows (or shrinks) by `step` at most
-    `max_doublings` times."""
+    `max_doublings` times, and never below `min_scale` (a run that could not be simulated:
+    the goodput is then "below" the lowest scale tried)."""
     if not 0 < target_attainment <= 1:
         raise ValueError(f"target_attainment must be in (0, 1], got {target_attainment}")
     if not rel_tol > 0:
@@ -90,6 +92,8 @@ def search_goodput(run: Callable[[float], Summary], base_rate_rps: float,
             return _result(target_attainment, low, base_rate_rps, points, ceiling_reached=True)
     else:
         for _ in range(max_doublings):
+            if low / step < min_scale:
+                return _result(target_attainment, 0.0, base_rate_rps, points)
             low /= step
             if passes(low):
                 break

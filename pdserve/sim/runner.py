@@ -22,7 +22,7 @@ from pdserve.policies.presets import build_policy
 from pdserve.policies.setup import PolicySetup
 from pdserve.sim.hetero import ClusterLayout, check_layout_roles, heterogeneous_layout
 from pdserve.sim.records import MAX_SPAN_STEPS
-from pdserve.sim.simulator import SimResult, SimSettings, Simulator
+from pdserve.sim.simulator import MAX_TICKS, SimResult, SimSettings, Simulator
 from pdserve.types import SLO, Role, add_control_latency, control_latency_shifts
 from pdserve.workload.sessions import is_session_workload, session_workload
 from pdserve.workload.synthetic import synthetic_workload
@@ -204,7 +204,11 @@ class Experiment:
         self.check_rate_to_scale()
         target = self.config.goodput.target
         decide = target if stop_when_decided else None
+        # no lower than a run the simulator can tick through (half its MAX_TICKS): an
+        # unreachable SLO searched azure-conv down to 1/512 of its rate, 1.8 M s of
+        # arrivals, and ended in the tick limit's error instead of "below"
+        lowest = self.workload.span_s / (0.5 * MAX_TICKS * self.config.monitor.interval_s)
         return search_goodput(
             lambda scale: self.summarize(self.simulate(scale, decide_attainment=decide)),
             self.workload.mean_rate_rps, target, self.config.goodput.tolerance,
-            on_point=on_point)
+            on_point=on_point, min_scale=lowest)
