@@ -312,6 +312,11 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     seed: int = 0  # of synthetic workloads, predictors and random choices
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.seed < 2**63:  # numpy's generators take no negative seed
+            raise ValueError(f"config field 'seed' must be a whole number from 0 to 2^63 - 1, "
+                             f"got {self.seed}")
+
     def with_values(self, values: Mapping[str, Any], source: str = "") -> Config:
         """This config with `values` set, each by dotted path (`"slo.ttft_s"`); a value may
         also be a whole section, as a mapping or as the section's object. `source` (a file)

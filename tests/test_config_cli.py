@@ -339,6 +339,8 @@ def test_a_goodput_search_needs_a_rate_and_says_when_no_slo_bounds_it(capsys):
     (["--trace", "synthetic", "--synthetic-requests", "100000000"],
      "'workload.synthetic_requests' must be at most 10,000,000, got 100000000"),
     (["--repeat", "1000"], "1000 copies of 19366 requests exceed the 10,000,000 requests"),
+    (["--trace", "synthetic", "--seed", "-5"],  # was numpy's bare "expected non-negative"
+     "config field 'seed' must be a whole number from 0 to 2^63 - 1, got -5"),
 ])
 def test_counts_past_what_a_machine_holds_are_refused_before_building_anything(
         flags, message, capsys):
