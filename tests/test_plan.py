@@ -159,6 +159,9 @@ def test_plan_inputs_that_crashed_or_ran_away_are_answered_at_once(tmp_path, cap
     ZeroDivisionError; --json into no directory failed after the whole search; a TPOT SLO
     below every decode step ran 27 s into 3.5 GB (the screen's capacity was 0 too, so the
     search crawled up from 0.001 req/s) before saying the time limit passed."""
+    assert main(["plan", "--gpus", "3", "--gpu", "a100", "--model", "llama-3.1-70b",
+                 "--no-progress"]) == 2  # names the degree that fits and where
+    assert "TP 2 fits on 2 of them: --gpus 2" in capsys.readouterr().err
     burst = tmp_path / "burst.csv"
     burst.write_text("arrival_s,input_tokens,output_tokens\n0,500,100\n0,300,50\n")
     for argv, message in (

@@ -28,6 +28,7 @@ from pdserve.config_flags import config_from_args, flag_values
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp
 from pdserve.planning.candidates import (
+    DEGREES,
     Candidate,
     enumerate_candidates,
     feasible_degrees,
@@ -128,8 +129,13 @@ def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> li
     degrees = ([base.perf.tp] if base.perf.tp else
                feasible_degrees(base.perf.model, gpus, screen.perf))
     if not degrees:
+        fitting = [d for d in DEGREES if d <= gpus  # a degree that fits, on fewer GPUs
+                   and feasible_degrees(base.perf.model, d, screen.perf)[-1:] == [d]]
+        hint = (f"; TP {fitting[0]} fits on {fitting[0] * (gpus // fitting[0])} of them: "
+                f"--gpus {fitting[0] * (gpus // fitting[0])}" if fitting else "")
         raise ValueError(f"{base.perf.model} fits no tensor-parallel degree that divides "
-                         f"{gpus} {base.perf.gpu} GPUs (the plan puts every GPU to use)")
+                         f"{gpus} {base.perf.gpu} GPUs (the plan puts every GPU to use)"
+                         + hint)
     candidates: list[Candidate] = []
     for space in spaces_for(policy, sessions):
         found = (enumerate_candidates(space, gpus, degrees)
@@ -202,6 +208,9 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     tp = base.perf.tp or default_tp(base.perf.model, base.perf.gpu)  # one the model fits
     print(f"priced by {perf_by_degree(base)(tp).name}", flush=True)
+    if base.perf.tp and gpus % base.perf.tp:
+        print(f"note: --tp {base.perf.tp} leaves {gpus % base.perf.tp} of the {gpus} GPUs "
+              f"idle: the plan deploys {gpus - gpus % base.perf.tp}", flush=True)
     progress = ProgressLine(enabled=not args.no_progress)
     screened_s = 0.0  # from the start to the end of the screen, when the budget is made
 
