@@ -168,6 +168,7 @@ SOURCES: dict[Any, tuple[Config, dict[str, Path | str]]] = {
         "on_point": "a progress callback",
         "start_scale": "a caller's guess (the planner's screen or shorter run)",
         "step": "the bracket's growth from the guess (the planner's fidelity)",
+        "min_scale": "the lowest scale the simulator can tick through (`Experiment.goodput`)",
     }),
     synthetic_workload: (SIM, {
         "num_requests": Path("workload.synthetic_requests"),
