@@ -66,7 +66,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         write_summary_json,
     )
     from pdserve.metrics.report_page import run_state, write_report
-    from pdserve.sim.runner import Experiment
+    from pdserve.sim.runner import Experiment, check_rate_to_scale
 
     config = config_from_args(args)
     if args.out:  # before the run: an --out that cannot be a directory fails now
@@ -82,7 +82,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
           f"tokens; fit R2 prefill {experiment.perf.prefill.r2:.4f}, decode "
           f"{experiment.perf.decode.r2:.4f}")
     if config.goodput.search:
-        experiment.check_rate_to_scale()  # before the first run, not after it
+        check_rate_to_scale(workload)  # before the first run, not after it
     bar = tqdm(total=len(workload), unit="req", desc="simulate", disable=True if
                args.no_progress else None, leave=False)
     result = experiment.simulate(on_progress=lambda done: bar.update(done - bar.n))

@@ -56,6 +56,9 @@ class PolicyRow:
     screen_goodput_rps: float
     screened: int  # candidates of this space the screen priced
     simulated: int  # of them, simulated
+    # a run of its goodput met the SLOs at every rate tried (`TrialResult.ceiling_reached`):
+    # the goodput is a lower bound
+    ceiling_reached: bool = False
 
     @property
     def gpus(self) -> int:
@@ -119,7 +122,8 @@ def _row(space: str, records: list[CandidateRecord], resolution: float) -> Polic
                      fidelity, _mean(results, "ttft_p50_s"), _mean(results, "ttft_p90_s"),
                      _mean(results, "tpot_p50_s"), _mean(results, "tpot_p90_s"),
                      best.screen.goodput_rps, len(records),
-                     sum(1 for r in records if r.short is not None or r.long))
+                     sum(1 for r in records if r.short is not None or r.long),
+                     any(t.ceiling_reached for t in results))
 
 
 def policy_rows(outcome: SearchOutcome, resolution: float = 0.0) -> list[PolicyRow]:

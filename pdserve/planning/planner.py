@@ -60,7 +60,7 @@ from pdserve.planning.report import (
 )
 from pdserve.planning.screen import Screen, WorkloadShape
 from pdserve.policies.search_spaces import spaces_for
-from pdserve.sim.runner import load_perf_model, load_workload
+from pdserve.sim.runner import check_rate_to_scale, load_perf_model, load_workload
 from pdserve.workload.sessions import is_session_workload
 
 DEFAULT_GPUS = 8
@@ -197,10 +197,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise ValueError(f"--json {args.json}: its directory does not exist")
     workload = load_workload(base)
-    if not workload.mean_rate_rps > 0:  # the goodput searches scale the arrival rate
-        raise ValueError(f"the plan's goodput searches scale the workload's arrival rate, "
-                         f"and {workload.name!r} has none to scale ({len(workload)} requests "
-                         f"arriving at one instant)")
+    check_rate_to_scale(workload)
     print(f"planning {base.perf.model} on {gpus} x {base.perf.gpu} for "
           f"{base.workload.trace} (TTFT SLO {base.slo.ttft_s:g}s, TPOT SLO "
           f"{base.slo.tpot_s:g}s, goodput at {base.goodput.target:.0%} attainment); policy "
@@ -251,9 +248,7 @@ def run(args: argparse.Namespace) -> int:
               f"the winner's sustained rate wants {wanted:,} ({LONG.duration_s:g}s of "
               f"arrivals): the runs were cut short, so the goodputs are a burst's, not a "
               f"steady state's; {remedy} for a sustained rate")
-    unbounded = [row.space for row in rows if any(
-        t.ceiling_reached for r in outcome.records if r.candidate == row.candidate
-        for t in ([r.short] if r.short else []) + r.long)]
+    unbounded = [row.space for row in rows if row.ceiling_reached]
     if unbounded:
         print(f"warning: {', '.join(unbounded[:4])}{' ...' if len(unbounded) > 4 else ''}: "
               f"every rate the search tried met the SLOs, up to its ceiling: such a goodput "

@@ -30,6 +30,16 @@ from pdserve.workload.traces import load_trace
 from pdserve.workload.workload import Workload
 
 
+def check_rate_to_scale(workload: Workload) -> None:
+    """A goodput search (`simulate --goodput`, every plan) scales the workload's arrival
+    rate: a workload arriving at one instant has none (ValueError, before any run)."""
+    if not workload.mean_rate_rps > 0:
+        raise ValueError(
+            f"the goodput search scales the workload's arrival rate, and {workload.name!r} "
+            f"has none to scale ({len(workload)} requests arriving at one instant); give it "
+            f"arrival times (a trace, or a finite --synthetic-rate)")
+
+
 def load_workload(config: Config) -> Workload:
     w = config.workload
     if w.trace == "synthetic":
@@ -186,22 +196,12 @@ class Experiment:
     def summarize(self, result: SimResult) -> Summary:
         return summarize(result.requests, self.slo)
 
-    def check_rate_to_scale(self) -> None:
-        """The goodput search scales the workload's arrival rate: a workload arriving at one
-        instant has none (ValueError, before any run)."""
-        if not self.workload.mean_rate_rps > 0:
-            raise ValueError(
-                f"the goodput search scales the workload's arrival rate, and "
-                f"{self.workload.name!r} has none to scale ({len(self.workload)} requests "
-                f"arriving at one instant); give it arrival times (a trace, or a finite "
-                f"--synthetic-rate)")
-
     def goodput(self, on_point: Callable[[GoodputPoint], None] | None = None,
                 stop_when_decided: bool = True) -> GoodputResult:
         """The goodput search; each step's run stops once its attainment is decided either
         way (`stop_when_decided`), which changes no verdict and so not the result, only the
         figures of the stopped points (see `metrics/attainment_watch.py`)."""
-        self.check_rate_to_scale()
+        check_rate_to_scale(self.workload)
         target = self.config.goodput.target
         decide = target if stop_when_decided else None
         # no lower than a run the simulator can tick through (half its MAX_TICKS): an
