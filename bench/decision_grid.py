@@ -81,9 +81,9 @@ def _fidelities() -> tuple[Any, Any]:
     from pdserve.planning.fidelity import Fidelity
 
     return (Fidelity("short", duration_s=80.0, min_requests=1000, rel_tol=0.1, step=1.2,
-                     lifetimes=3.0),
+                     lifetimes=3.0, ttft_overload=0.1),
             Fidelity("long", duration_s=240.0, min_requests=2000, rel_tol=0.04, step=1.15,
-                     lifetimes=10.0))
+                     lifetimes=10.0, ttft_overload=0.04))
 SPACES = {"agg": "colocated", "disagg": "static-pd"}
 
 
@@ -299,6 +299,14 @@ def _degree(candidate: Any, decode: bool) -> int:
                 if (g.decode if decode else g.prefill))
 
 
+def run_scale(question: Question) -> Any:
+    """The question's run lengths' measures: a request's lifetime at the TPOT SLO (output
+    tokens x TPOT SLO), the TTFT SLO, 90 % attainment."""
+    from pdserve.planning.fidelity import RunScale
+
+    return RunScale(question.output_tokens * question.tpot_slo_s, question.ttft_slo_s, 0.9)
+
+
 def at_rate(question: Question, values: dict[str, Any], rate_rps: float,
             extra: dict[str, Any] | None = None, longer: float = 1.0) -> dict[str, Any]:
     """pdserve's deployment (`values`) simulated at `rate_rps`, `longer` times as long as
@@ -306,8 +314,7 @@ def at_rate(question: Question, values: dict[str, Any], rate_rps: float,
     instance."""
     from pdserve.sim.runner import Experiment
 
-    lifetime_s = question.output_tokens * question.tpot_slo_s
-    count = round(longer * _fidelities()[1].requests(rate_rps, lifetime_s))
+    count = round(longer * _fidelities()[1].requests(rate_rps, run_scale(question)))
     config = base_config(question, count).with_values(
         {**values, "workload.synthetic_rate_rps": rate_rps, **(extra or {})})
     experiment = Experiment.from_config(config)
@@ -340,12 +347,11 @@ def goodput_longer(question: Question, values: dict[str, Any], guess_rps: float,
     from pdserve.sim.runner import Experiment
 
     long = _fidelities()[1]
-    lifetime_s = question.output_tokens * question.tpot_slo_s
     started = time.perf_counter()
 
     def run(scale: float) -> Any:
         rate_rps = scale * guess_rps
-        count = round(longer * long.requests(rate_rps, lifetime_s))
+        count = round(longer * long.requests(rate_rps, run_scale(question)))
         experiment = Experiment.from_config(base_config(question, count).with_values(
             {**values, "workload.synthetic_rate_rps": rate_rps}))
         return experiment.summarize(experiment.simulate())

@@ -24,7 +24,16 @@ from pdserve.planning.candidates import (
     enumerate_candidates,
     feasible_degrees,
 )
-from pdserve.planning.fidelity import LIFETIME_TPOT_CAP_S, Fidelity, request_lifetime_s
+from pdserve.planning.fidelity import (
+    LIFETIME_TPOT_CAP_S,
+    TTFT_RUN_CAP_S,
+    Fidelity,
+    RunScale,
+    Trial,
+    WorkloadSamples,
+    request_lifetime_s,
+    run_trial,
+)
 from pdserve.planning.multi_fidelity import SearchBudget
 from pdserve.planning.outcome import Interval, policy_rows, verdict
 from pdserve.planning.screen import Screen, WorkloadShape
@@ -152,6 +161,40 @@ def test_slos_that_do_not_bind_neither_crash_the_screen_nor_size_endless_runs(ca
         pytest.approx(LIFETIME_TPOT_CAP_S * mean_output)
     assert main(["plan", "--tpot-slo", "inf", "--no-progress"]) == 2
     assert "an infinite one (TTFT 2s, TPOT infs)" in capsys.readouterr().err
+
+
+def test_a_loose_ttft_slo_lengthens_the_runs_until_an_overload_fails_it():
+    """At TTFT 30 s (FlowKV's setup: 1,024/256 tokens on A100s) the long runs lasted two
+    request lifetimes (~100 s of arrivals) and a queue growing for 100 s still met the SLO:
+    one colocated A100 "sustained" 13.2 req/s. A run now lasts TTFT SLO / (target x the
+    search's tolerance), so a rate the tolerance above capacity fails: the goodput is that of
+    runs four times as long, within the tolerance. A TTFT SLO of 2 s keeps the 80-s runs."""
+    tight = RunScale(lifetime_s=5.0, ttft_slo_s=2.0, target=0.9)
+    assert planner.LONG.duration_for(tight) == planner.LONG.duration_s == 80.0
+    loose = RunScale(lifetime_s=51.2, ttft_slo_s=30.0, target=0.9)
+    assert planner.LONG.duration_for(loose) == pytest.approx(30.0 / (0.9 * 0.04))
+    assert planner.SHORT.duration_for(loose) == pytest.approx(30.0 / (0.9 * 0.1))
+    assert replace(planner.LONG, ttft_overload=0.0).duration_for(loose) == pytest.approx(102.4)
+    never = Config().with_values({"slo.ttft_s": 1e9})
+    assert RunScale.of(load_workload(never), never).ttft_slo_s == TTFT_RUN_CAP_S
+
+    base = Config().with_values({
+        "workload.trace": "synthetic", "workload.synthetic_lengths": "fixed:1024:256",
+        "workload.synthetic_requests": 400_000, "workload.synthetic_rate_rps": 10.0,
+        "perf.model": "llama-3.1-8b", "perf.gpu": "a100", "perf.tp": 1,
+        "slo.ttft_s": 30.0, "slo.tpot_s": 0.2})
+    samples = WorkloadSamples(base, 1)
+    [candidate] = [c for c in enumerate_candidates(SEARCH_SPACES["colocated"], 1, [1])
+                   if c.settings["instance.chunk_size_tokens"] == 2048]
+
+    def goodput(fidelity: Fidelity) -> float:
+        return run_trial(Trial(0, candidate, fidelity, 0, guess_rps=10.0), samples).goodput_rps
+
+    longer = replace(planner.LONG, duration_s=4 * planner.LONG.duration_for(samples.scale),
+                     lifetimes=0.0)
+    settled, bounded = goodput(longer), goodput(planner.LONG)
+    assert bounded == pytest.approx(settled, rel=planner.LONG.rel_tol)
+    assert goodput(replace(planner.LONG, ttft_overload=0.0)) > 1.2 * settled
 
 
 def test_plan_inputs_that_crashed_or_ran_away_are_answered_at_once(tmp_path, capsys):

@@ -1,10 +1,17 @@
 """The planner's simulated fidelities: a candidate's goodput on a sample of the workload.
 
 A `Fidelity` says how long a run's arrivals last at the rate the trial expects (so a run
-reaches the steady state whatever the deployment's rate: N = duration x guessed rate, the
-duration at least a number of request lifetimes,
+reaches the steady state whatever the deployment's rate: N = duration x guessed rate
 requests, rounded to a power of 2^(1/4) so samples are shared) and how finely its goodput
-search ends; `WorkloadSamples` turns (fidelity, seed, N) into the config values that select
+search ends. The duration is at least a number of request lifetimes (the decode batch
+fills over one), and long enough for an overload to fail the TTFT SLO (`RunScale`): a rate
+a fraction e above what the cluster sustains grows its queue by about e seconds a second,
+so a request arriving t seconds in waits about e t, and only those arriving before
+TTFT SLO / e meet it; the run fails the attainment target a only if that is less than a
+of its arrivals, D > TTFT SLO / (a e). Without it a loose TTFT SLO passes overloaded
+rates: at TTFT 30 s (FlowKV's setup: 1,024/256 tokens, 2 x A100) runs of 100 s put
+colocated's goodput at 26.8 req/s, where runs of 6,500 s settle at 20.1.
+`WorkloadSamples` turns (fidelity, seed, N) into the config values that select
 that sample, so every figure the planner reports is a `pdserve simulate` of a config it can
 write out:
   a trace      seed k of S is the window of N requests starting at the (k + 1/2)/S point of
@@ -50,11 +57,37 @@ class Fidelity:
     # and at least this many request lifetimes (mean output tokens x the TPOT SLO): the
     # decode batch fills over one, so a run of a few is mostly steady state
     lifetimes: float = 0.0
+    # and long enough that a rate this fraction above what the cluster sustains fails the
+    # TTFT SLO by queueing alone (0: no such bound; the planner's fidelities use their
+    # search's tolerance, the resolution the goodput they report claims)
+    ttft_overload: float = 0.0
 
-    def requests(self, guess_rps: float, lifetime_s: float = 0.0) -> int:
-        duration_s = max(self.duration_s, self.lifetimes * lifetime_s)
+    def duration_for(self, scale: RunScale) -> float:
+        """Seconds of arrivals a run of this fidelity lasts at least."""
+        duration_s = max(self.duration_s, self.lifetimes * scale.lifetime_s)
+        if self.ttft_overload > 0:
+            duration_s = max(duration_s, scale.ttft_slo_s / (scale.target * self.ttft_overload))
+        return duration_s
+
+    def requests(self, guess_rps: float, scale: RunScale | None = None) -> int:
+        duration_s = self.duration_for(scale) if scale is not None else self.duration_s
         wanted = max(self.min_requests, duration_s * guess_rps)
         return int(round(2 ** (round(4 * math.log2(wanted)) / 4)))
+
+
+@dataclass(frozen=True)
+class RunScale:
+    """What a run's length is measured against: a request's decode lifetime at the TPOT SLO
+    (`request_lifetime_s`), the TTFT SLO and the attainment the goodput must reach."""
+
+    lifetime_s: float = 0.0
+    ttft_slo_s: float = 0.0
+    target: float = 1.0
+
+    @classmethod
+    def of(cls, workload: Workload, config: Config) -> RunScale:
+        return cls(request_lifetime_s(workload, config.slo.tpot_s),
+                   min(config.slo.ttft_s, TTFT_RUN_CAP_S), config.goodput.target)
 
 
 @dataclass(frozen=True)
@@ -90,6 +123,11 @@ class TrialResult:
 LIFETIME_TPOT_CAP_S = 1.0
 
 
+# a TTFT SLO sizes runs up to this: 10 minutes of queueing is no first-token target a
+# serving run is judged by (an SLO of 1e6 s would ask for 10^8 s of arrivals)
+TTFT_RUN_CAP_S = 600.0
+
+
 def request_lifetime_s(workload: Workload, tpot_slo_s: float) -> float:
     """How long a request holds its decode slot at the TPOT SLO: mean output tokens x TPOT
     (a fidelity's runs last at least a number of these), the TPOT at most
@@ -114,7 +152,7 @@ class WorkloadSamples:
     def __init__(self, base: Config, seeds: int) -> None:
         self.base, self.seeds = base, seeds
         self.full = load_workload(base)
-        self.lifetime_s = request_lifetime_s(self.full, base.slo.tpot_s)
+        self.scale = RunScale.of(self.full, base)
         self._cache: dict[tuple[str, int, int], Workload] = {}
 
     def values(self, fidelity: Fidelity, seed: int, count: int) -> dict[str, Any]:
@@ -166,7 +204,7 @@ def run_trial(trial: Trial, samples: WorkloadSamples,
     experiments: dict[int, Experiment] = {}
 
     def experiment_at(rate_rps: float) -> Experiment:
-        count = fidelity.requests(rate_rps, samples.lifetime_s)
+        count = fidelity.requests(rate_rps, samples.scale)
         if count not in experiments:
             experiments[count] = Experiment(
                 config.with_values(samples.values(fidelity, seed, count)),

@@ -37,7 +37,7 @@ from pdserve.planning.candidates import (
 from pdserve.planning.fidelity import (
     SESSION_ROUNDS,
     Fidelity,
-    request_lifetime_s,
+    RunScale,
     trace_repeat,
 )
 from pdserve.planning.multi_fidelity import MultiFidelitySearch, SearchBudget, SearchOutcome
@@ -72,11 +72,14 @@ OUTPUT_S = 3.0  # kept back from the time limit for the outcome (the plot takes 
 # runs lasted 40 s put the goodput at 32.8 req/s [31.2, 34.5], a run of 4,000 (140 s) at 29.1.
 # The long runs last 80 s: on the whole azure-conv trace (115 s of arrivals at its goodput,
 # 8 x H100, colocated) the goodput is 168.7 req/s, where 40-s windows gave 200 [174, 235],
-# 80-s windows 178 [169, 194] and 120-s ones 170 (docs/results/plan.md)
+# 80-s windows 178 [169, 194] and 120-s ones 170 (docs/results/plan.md). And long enough
+# that a rate the search's tolerance above what the cluster sustains fails the TTFT SLO
+# (`Fidelity.ttft_overload`): at TTFT 30 s, 2 x A100, 1,024/256 tokens, runs of ~100 s put
+# colocated's goodput at 26.8 req/s, where 6,500-s runs settle at 20.1
 SHORT = Fidelity("short", duration_s=20.0, min_requests=400, rel_tol=0.1, step=1.2,
-                 lifetimes=0.5)
+                 lifetimes=0.5, ttft_overload=0.1)
 LONG = Fidelity("long", duration_s=80.0, min_requests=1000, rel_tol=0.04, step=1.15,
-                lifetimes=2.0)
+                lifetimes=2.0, ttft_overload=0.04)
 
 # a synthetic workload is a length distribution and an arrival process, not a count: unless
 # --synthetic-requests (or --config) caps it, each run draws what its fidelity needs, up to
@@ -112,7 +115,7 @@ def confirmation_requests(base: Config, goodput_rps: float) -> int | None:
     (None for traces, replayed whole, and sessions, which keep their count)."""
     if base.workload.trace != "synthetic":
         return None
-    return LONG.requests(goodput_rps, request_lifetime_s(load_workload(base), base.slo.tpot_s))
+    return LONG.requests(goodput_rps, RunScale.of(load_workload(base), base))
 
 
 def perf_by_degree(base: Config) -> Callable[[int], PerfModel]:
@@ -285,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
                 #  as the confirmations drew it (a 64-GPU plan's winner.yaml replayed
                 #  azure-conv once, 7 s of arrivals at its goodput: 36 % above the plan)
                 config = config.with_values(trace_repeat(base, len(workload), LONG.requests(
-                    sustained_rps, request_lifetime_s(workload, base.slo.tpot_s))))
+                    sustained_rps, RunScale.of(workload, base))))
             write_config(out / "winner.yaml", config,
                          f"pdserve plan's winner: {result.winner.space}, "
                          f"{result.winner.candidate.describe()}\n"

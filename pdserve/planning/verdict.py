@@ -262,7 +262,7 @@ def _measure_seed(task: _SeedTask) -> SeedResult:
     # the workload ran out: the final run replayed fewer requests than its length asks for
     # (a synthetic cap, or a window of a trace that the base config fixed)
     capped = 0 < last.requests < m.fidelity(found.factor).requests(last.goodput_rps,
-                                                                   samples.lifetime_s)
+                                                                   samples.scale)
     return SeedResult(task.seed, found.goodput_rps, found.factor, found.stationary,
                       found.history, last.requests, capped, last.ttft_p90_s, last.tpot_p90_s)
 
