@@ -163,7 +163,7 @@ def test_slos_that_do_not_bind_neither_crash_the_screen_nor_size_endless_runs(ca
     assert "an infinite one (TTFT 2s, TPOT infs)" in capsys.readouterr().err
 
 
-def test_a_loose_ttft_slo_lengthens_the_runs_until_an_overload_fails_it():
+def test_a_loose_ttft_slo_lengthens_the_runs_until_an_overload_fails_it(capsys):
     """At TTFT 30 s (FlowKV's setup: 1,024/256 tokens on A100s) the long runs lasted two
     request lifetimes (~100 s of arrivals) and a queue growing for 100 s still met the SLO:
     one colocated A100 "sustained" 13.2 req/s. A run now lasts TTFT SLO / (target x the
@@ -195,6 +195,11 @@ def test_a_loose_ttft_slo_lengthens_the_runs_until_an_overload_fails_it():
     settled, bounded = goodput(longer), goodput(planner.LONG)
     assert bounded == pytest.approx(settled, rel=planner.LONG.rel_tol)
     assert goodput(replace(planner.LONG, ttft_overload=0.0)) > 1.2 * settled
+    # beyond the cap (a long run: 60 / (0.9 x 0.04) = 1,667 s) the plan says what can pass
+    assert main(["plan", "--ttft-slo", "1000", "--policy", "colocated", "--gpus", "1",
+                 "--time-limit", "4", "--jobs", "1", "--no-progress"]) == 1  # no winner in 4 s
+    assert ("runs are sized for a TTFT SLO of 60s (a long one lasts 1,667s of arrivals); at "
+            "1000s a rate up to 67% above") in capsys.readouterr().out
 
 
 def test_plan_inputs_that_crashed_or_ran_away_are_answered_at_once(tmp_path, capsys):

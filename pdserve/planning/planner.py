@@ -36,6 +36,7 @@ from pdserve.planning.candidates import (
 )
 from pdserve.planning.fidelity import (
     SESSION_ROUNDS,
+    TTFT_RUN_CAP_S,
     Fidelity,
     RunScale,
     trace_repeat,
@@ -211,6 +212,12 @@ def run(args: argparse.Namespace) -> int:
     if base.perf.tp and gpus % base.perf.tp:
         print(f"note: --tp {base.perf.tp} leaves {gpus % base.perf.tp} of the {gpus} GPUs "
               f"idle: the plan deploys {gpus - gpus % base.perf.tp}", flush=True)
+    scale = RunScale.of(workload, base)
+    if base.slo.ttft_s > TTFT_RUN_CAP_S:
+        print(f"note: runs are sized for a TTFT SLO of {TTFT_RUN_CAP_S:g}s (a long one lasts "
+              f"{LONG.duration_for(scale):,.0f}s of arrivals); at {base.slo.ttft_s:g}s a "
+              f"rate up to {base.slo.ttft_s / (base.goodput.target * LONG.duration_for(scale)):.0%}"
+              f" above what a deployment sustains can still pass its runs", flush=True)
     progress = ProgressLine(enabled=not args.no_progress)
     screened_s = 0.0  # from the start to the end of the screen, when the budget is made
 
@@ -229,8 +236,8 @@ def run(args: argparse.Namespace) -> int:
     long = len({(r.candidate.simulation_key, t.seed) for r in outcome.records for t in r.long})
     confirmed = len({r.candidate.simulation_key for r in outcome.records if r.long})
     print(f"{evaluated} configurations screened, {short} simulated short "
-          f"(>= {SHORT.duration_s:g}s of arrivals), {long} long runs (>= "
-          f"{LONG.duration_s:g}s, up to {budget.seeds} seeds for each of {confirmed} "
+          f"(>= {SHORT.duration_for(scale):,.0f}s of arrivals), {long} long runs (>= "
+          f"{LONG.duration_for(scale):,.0f}s, up to {budget.seeds} seeds for each of {confirmed} "
           f"confirmed) in {wall_s:.1f}s"
           + ("; stopped at the time limit" if outcome.stopped_at_limit else ""))
     errors = [r.short.error for r in outcome.records if r.short and r.short.error]
@@ -248,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
                   f"unless told)" if held >= SYNTHETIC_DRAW_MAX else
                   f"leave --synthetic-requests out (or give {wanted:,} or more)")
         print(f"warning: the synthetic workload holds {held:,} requests and a confirmation at "
-              f"the winner's sustained rate wants {wanted:,} ({LONG.duration_s:g}s of "
+              f"the winner's sustained rate wants {wanted:,} ({LONG.duration_for(scale):,.0f}s of "
               f"arrivals): the runs were cut short, so the goodputs are a burst's, not a "
               f"steady state's; {remedy} for a sustained rate")
     unbounded = [row.space for row in rows if row.ceiling_reached]
