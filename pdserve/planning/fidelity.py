@@ -80,9 +80,9 @@ class RunScale:
     """What a run's length is measured against: a request's decode lifetime at the TPOT SLO
     (`request_lifetime_s`), the TTFT SLO and the attainment the goodput must reach."""
 
-    lifetime_s: float = 0.0
-    ttft_slo_s: float = 0.0
-    target: float = 1.0
+    lifetime_s: float
+    ttft_slo_s: float
+    target: float
 
     @classmethod
     def of(cls, workload: Workload, config: Config) -> RunScale:
