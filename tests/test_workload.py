@@ -222,3 +222,25 @@ def test_the_repeat_setting_replays_the_trace_before_the_window():
                                                 >= once.span_s / 2))
     with pytest.raises(ValueError, match="workload.repeat"):
         Config().with_values({"workload.repeat": 0})
+
+
+def test_a_trace_file_with_sessions_is_read_as_multi_round_sessions(tmp_path):
+    """A pdserve CSV with session ids and rounds was chained with no history and no delay:
+    round 1, at 100 s in the file, was sent the moment round 0 finished (0.12 s). It is now
+    read as the shipped mooncake-sessions is: each round sent the file's gap after the
+    previous one finished, its history that round's prompt and output."""
+    from pdserve.config import Config
+    from pdserve.sim.runner import Experiment
+
+    path = tmp_path / "sessions.csv"
+    path.write_text("arrival_s,input_tokens,output_tokens,session_id,round\n"
+                    "0,100,20,1,0\n50,30,5,-1,0\n100,150,20,1,1\n200,90,20,3,0\n"
+                    "230,60,20,1,2\n")
+    trace = load_trace(str(path))
+    assert trace.history_tokens.tolist() == [0, 0, 120, 0, 59]  # capped below its prompt
+    assert trace.tool_delay_s.tolist() == [0, 0, 100, 0, 130]
+    experiment = Experiment.from_config(Config().with_values({"workload.trace": str(path)}))
+    done = {r.request_id: r for r in experiment.simulate().requests}
+    assert done[2].arrival_s == pytest.approx(done[0].finish_s + 100)
+    assert done[4].arrival_s == pytest.approx(done[2].finish_s + 130)
+    assert done[1].arrival_s == 50 and done[3].arrival_s == 200  # first rounds, singles

@@ -211,20 +211,6 @@ def sharegpt_sessions(sessions: int, rate_sps: float, rng: np.random.Generator) 
 
 
 def mooncake_sessions() -> Workload:
-    trace = load_trace("mooncake-sessions")
-    assert trace.session_id is not None and trace.round_index is not None
-    history = np.zeros(len(trace), dtype=np.int64)
-    delay = np.zeros(len(trace))
-    previous: dict[int, int] = {}  # session -> row of its latest round so far
-    order = np.lexsort((trace.round_index, trace.session_id))
-    for i in order.tolist():
-        sid = int(trace.session_id[i])
-        if sid in previous:
-            p = previous[sid]
-            context = int(trace.input_tokens[p] + trace.output_tokens[p])
-            history[i] = min(context, int(trace.input_tokens[i]) - 1)
-            delay[i] = max(0.0, float(trace.arrival_s[i] - trace.arrival_s[p]))
-        previous[sid] = i
-    return Workload("mooncake-sessions", trace.arrival_s, trace.input_tokens,
-                    trace.output_tokens, trace.session_id, trace.round_index, trace.hash_ids,
-                    history_tokens=history, tool_delay_s=delay)
+    """The shipped trace with its inferred sessions, as any trace with session ids is read
+    (`Workload.with_history_from_prompts`)."""
+    return load_trace("mooncake-sessions")

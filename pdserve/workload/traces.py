@@ -11,6 +11,9 @@ Shipped (see pdserve/data/ATTRIBUTION.md for sources and licences):
                              (`workload/length_tables.py`: ShareGPT rounds, Apache-2.0)
 Formats read from a path, recognised by their header:
   pdserve CSV     arrival_s,input_tokens,output_tokens[,session_id,round][,hash_ids]
+                  (rows with a session id >= 0 are rounds of multi-round sessions: each is
+                  sent the trace's gap after the previous round finished, its history the
+                  previous round's prompt and output: `Workload.with_history_from_prompts`)
   Azure CSV       TIMESTAMP,ContextTokens,GeneratedTokens
   BurstGPT CSV    Timestamp,...,Request tokens,Response tokens,... (failed rows skipped)
   Mooncake JSONL  {"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}
@@ -132,7 +135,8 @@ def _pdserve_schema(header: list[str], body: list[list[str]], name: str) -> Work
         rounds = np.array([int(r[col["round"]]) for r in body], dtype=np.int64)
     if "hash_ids" in col:
         hashes = tuple(tuple(int(h) for h in r[col["hash_ids"]].split()) for r in body)
-    return Workload(name, arrival, n_in, n_out, sessions, rounds, hashes)
+    return Workload(name, arrival, n_in, n_out, sessions, rounds,
+                    hashes).with_history_from_prompts()
 
 
 NO_SERVED_ROWS = "no row has both prompt and response tokens (rows without them are skipped)"

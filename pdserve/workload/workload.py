@@ -158,6 +158,31 @@ class Workload:
         return replace(self, input_tokens=np.minimum(self.input_tokens, max_input_tokens),
                        output_tokens=np.minimum(self.output_tokens, max_output_tokens))
 
+    def with_history_from_prompts(self) -> Workload:
+        """A trace's rows with session ids and round numbers as multi-round sessions: a
+        round's history is the previous round's prompt plus output, capped below its own
+        prompt (a trace gives whole prompts, not what they share), and it is sent the
+        trace's gap between the two rounds' arrivals after the previous round finished (the
+        simulator chains rounds, `pdserve.sim.sessions`; only first rounds keep their
+        arrival times). Rounds run in order of their number, a number given twice in the
+        trace's order. Without session ids, the trace unchanged."""
+        if self.session_id is None or self.round_index is None:
+            return self
+        history = np.zeros(len(self), dtype=np.int64)
+        delay = np.zeros(len(self))
+        previous: dict[int, int] = {}  # session -> row of its latest round so far
+        for i in np.lexsort((self.round_index, self.session_id)).tolist():
+            sid = int(self.session_id[i])
+            if sid < 0:  # not in a session
+                continue
+            if sid in previous:
+                p = previous[sid]
+                context = int(self.input_tokens[p] + self.output_tokens[p])
+                history[i] = min(context, int(self.input_tokens[i]) - 1)
+                delay[i] = max(0.0, float(self.arrival_s[i] - self.arrival_s[p]))
+            previous[sid] = i
+        return replace(self, history_tokens=history, tool_delay_s=delay)
+
     def head(self, count: int) -> Workload:
         return self._select(slice(0, count), self.name)
 
