@@ -196,6 +196,23 @@ def bench_workload(args: argparse.Namespace):
     return workload.clipped(args.max_input_tokens, args.max_output_tokens)
 
 
+def session_replay_note(workload) -> str | None:
+    """What a replay of a trace with multi-round sessions does not do (None: no later
+    rounds): `pdserve simulate` chains a session's rounds and reuses their history; the
+    replay client sends every row at its arrival time as a request of its own."""
+    if workload.session_id is None or workload.round_index is None:
+        return None
+    in_session = workload.session_id >= 0
+    sessions = len(set(workload.session_id[in_session].tolist()))
+    later = int(in_session.sum()) - sessions
+    if later <= 0:
+        return None
+    return (f"the trace holds {later} later round{'s' * (later != 1)} of {sessions} "
+            f"session{'s' * (sessions != 1)}; this replay sends every row at its arrival "
+            f"time as a request of its own, neither chaining a session's rounds nor sending "
+            f"X-Session-Id, so no history is reused (pdserve simulate does both)")
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -227,6 +244,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         print(f"pdserve bench: warning: the window holds only {len(workload)} request(s); "
               f"the figures below say little (use a longer --duration or a higher "
               f"--rate-scale for at least {FEW_REQUESTS})", file=sys.stderr)
+    if (note := session_replay_note(workload)) is not None:
+        print(f"pdserve bench: warning: {note}", file=sys.stderr)
     if args.out:  # before the replay: an --out that cannot be a directory fails now
         args.out.mkdir(parents=True, exist_ok=True)
     print(f"replaying {len(workload)} requests of {args.trace} over {workload.span_s:.0f}s "

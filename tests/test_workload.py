@@ -244,3 +244,19 @@ def test_a_trace_file_with_sessions_is_read_as_multi_round_sessions(tmp_path):
     assert done[2].arrival_s == pytest.approx(done[0].finish_s + 100)
     assert done[4].arrival_s == pytest.approx(done[2].finish_s + 130)
     assert done[1].arrival_s == 50 and done[3].arrival_s == 200  # first rounds, singles
+
+
+def test_bench_says_a_session_trace_is_replayed_as_single_requests():
+    """`pdserve bench` sends every row at its arrival time; `simulate` chains a session's
+    rounds: a replay of a session trace warns that it does not."""
+    from pdserve.cli import session_replay_note
+    from pdserve.workload.workload import Workload
+
+    sessions = Workload("s", np.array([0.0, 1.0, 2.0, 3.0]), np.array([5, 6, 7, 8]),
+                        np.array([1, 2, 3, 4]), session_id=np.array([0, 0, -1, 1]),
+                        round_index=np.array([0, 1, 0, 0]))
+    assert session_replay_note(sessions).startswith("the trace holds 1 later round of 2 sessions;")
+    assert session_replay_note(load_trace("azure-conv")) is None
+    singles = Workload("t", np.array([0.0, 1.0]), np.array([5, 6]), np.array([1, 2]),
+                       session_id=np.array([0, 1]), round_index=np.array([0, 0]))
+    assert session_replay_note(singles) is None  # first rounds only: nothing to chain
