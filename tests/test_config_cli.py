@@ -330,6 +330,27 @@ def test_a_goodput_search_needs_a_rate_and_says_when_no_slo_bounds_it(capsys):
     assert "goodput: at least rate scale 4096.000" in capsys.readouterr().out
 
 
+def test_a_goodput_found_on_a_burst_says_it_is_likely_too_high(capsys):
+    """The default synthetic workload (1,000 requests) found 2,543 req/s on 4P4D, its
+    arrivals lasting 0.4 s at that rate, where 100,000 requests find 386: the search now says
+    so, and how many requests a sustained rate needs. The whole azure-conv trace at its
+    goodput lasts 180 s: no warning (the README's run)."""
+    assert main(["simulate", "--trace", "synthetic", "--no-progress", "--goodput"]) == 0
+    printed = capsys.readouterr().out
+    assert "warning: at the goodput rate the workload's arrivals last" in printed
+    assert "less than the 80s a run needs" in printed and "--synthetic-requests" in printed
+    from pdserve.cli import short_goodput_note
+    from pdserve.metrics.goodput import GoodputResult
+
+    config = Config().with_values({"workload.trace": "azure-conv"})
+    experiment = Experiment.from_config(config)
+    rate = experiment.workload.mean_rate_rps
+    sustained = GoodputResult(0.9, 19.5, 19.5 * rate, [])
+    assert short_goodput_note(experiment.workload, config, sustained) is None
+    burst = GoodputResult(0.9, 60.0, 60 * rate, [])  # 3,502 s / 60 = 58 s of arrivals
+    assert "last 58.4s" in short_goodput_note(experiment.workload, config, burst)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--prefill", "3000000"], "'cluster.prefill' must be at most 4,096, got 3000000"),
     (["--policy", "colocated", "--instances", "9000"],
