@@ -4,7 +4,6 @@ ray-local`."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import asdict
@@ -67,6 +66,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         write_summary_json,
     )
     from pdserve.metrics.report_page import run_state, write_report
+    from pdserve.planning.fidelity import burst_goodput_note
     from pdserve.sim.runner import Experiment, check_rate_to_scale
 
     config = config_from_args(args)
@@ -110,7 +110,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
                 f"{p.summary.requests} requests done)" if p.decided_early else ""),
             flush=True))
         print(format_goodput(goodput))
-        if (note := short_goodput_note(workload, config, goodput)) is not None:
+        if not goodput.ceiling_reached and (note := burst_goodput_note(
+                workload, config, goodput.rate_rps)) is not None:
             print(f"warning: {note}")
     if args.out:
         out: Path = args.out
@@ -197,36 +198,6 @@ def bench_workload(args: argparse.Namespace):
     if len(workload) == 0:
         raise ValueError("no requests in the chosen window")
     return workload.clipped(args.max_input_tokens, args.max_output_tokens)
-
-
-def short_goodput_note(workload, config: Config, goodput) -> str | None:
-    """Why a goodput is likely too high (None: it is not): at its rate the workload's
-    arrivals last less than the planner's confirmation runs for these SLOs
-    (`planning.planner.LONG`: 80 s, two request lifetimes, and long enough for an overload
-    to fail the TTFT SLO), so the rate was served as a burst, not sustained. The default
-    synthetic workload (1,000 requests) found 2,543 req/s on 8 GPUs where 100,000 requests
-    found 386."""
-    if goodput.rate_scale <= 0 or goodput.ceiling_reached:
-        return None
-    from pdserve.planning.fidelity import RunScale
-    from pdserve.planning.planner import LONG
-    from pdserve.workload.sessions import is_session_workload
-
-    needed_s = LONG.duration_for(RunScale.of(workload, config))
-    span_s = workload.span_s / goodput.rate_scale
-    if span_s >= needed_s:
-        return None
-    if config.workload.trace == "synthetic":
-        remedy = (f"--synthetic-requests {math.ceil(needed_s * goodput.rate_rps):,} or "
-                  f"more")
-    elif is_session_workload(config.workload.trace):
-        remedy = "more sessions (--synthetic-requests)"
-    else:
-        remedy = "more of the trace (a longer --duration, or --repeat to replay it)"
-    return (f"at the goodput rate the workload's arrivals last {span_s:.1f}s, less than the "
-            f"{needed_s:.0f}s a run needs for these SLOs to tell a sustained rate from a "
-            f"burst (the planner's confirmation length): this goodput is likely too high; "
-            f"give {remedy}")
 
 
 def session_replay_note(workload) -> str | None:

@@ -339,16 +339,13 @@ def test_a_goodput_found_on_a_burst_says_it_is_likely_too_high(capsys):
     printed = capsys.readouterr().out
     assert "warning: at the goodput rate the workload's arrivals last" in printed
     assert "less than the 80s a run needs" in printed and "--synthetic-requests" in printed
-    from pdserve.cli import short_goodput_note
-    from pdserve.metrics.goodput import GoodputResult
+    from pdserve.planning.fidelity import burst_goodput_note
 
     config = Config().with_values({"workload.trace": "azure-conv"})
-    experiment = Experiment.from_config(config)
-    rate = experiment.workload.mean_rate_rps
-    sustained = GoodputResult(0.9, 19.5, 19.5 * rate, [])
-    assert short_goodput_note(experiment.workload, config, sustained) is None
-    burst = GoodputResult(0.9, 60.0, 60 * rate, [])  # 3,502 s / 60 = 58 s of arrivals
-    assert "last 58.4s" in short_goodput_note(experiment.workload, config, burst)
+    workload = Experiment.from_config(config).workload
+    rate = workload.mean_rate_rps
+    assert burst_goodput_note(workload, config, 19.5 * rate) is None
+    assert "last 58.4s" in burst_goodput_note(workload, config, 60 * rate)  # 3,502 s / 60
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -26,6 +26,8 @@ from pdserve.planning.candidates import (
 )
 from pdserve.planning.fidelity import (
     LIFETIME_TPOT_CAP_S,
+    LONG,
+    SHORT,
     TTFT_RUN_CAP_S,
     Fidelity,
     RunScale,
@@ -170,11 +172,11 @@ def test_a_loose_ttft_slo_lengthens_the_runs_until_an_overload_fails_it(capsys):
     search's tolerance), so a rate the tolerance above capacity fails: the goodput is that of
     runs four times as long, within the tolerance. A TTFT SLO of 2 s keeps the 80-s runs."""
     tight = RunScale(lifetime_s=5.0, ttft_slo_s=2.0, target=0.9)
-    assert planner.LONG.duration_for(tight) == planner.LONG.duration_s == 80.0
+    assert LONG.duration_for(tight) == LONG.duration_s == 80.0
     loose = RunScale(lifetime_s=51.2, ttft_slo_s=30.0, target=0.9)
-    assert planner.LONG.duration_for(loose) == pytest.approx(30.0 / (0.9 * 0.04))
-    assert planner.SHORT.duration_for(loose) == pytest.approx(30.0 / (0.9 * 0.1))
-    assert replace(planner.LONG, ttft_overload=0.0).duration_for(loose) == pytest.approx(102.4)
+    assert LONG.duration_for(loose) == pytest.approx(30.0 / (0.9 * 0.04))
+    assert SHORT.duration_for(loose) == pytest.approx(30.0 / (0.9 * 0.1))
+    assert replace(LONG, ttft_overload=0.0).duration_for(loose) == pytest.approx(102.4)
     never = Config().with_values({"slo.ttft_s": 1e9})
     assert RunScale.of(load_workload(never), never).ttft_slo_s == TTFT_RUN_CAP_S
 
@@ -190,11 +192,11 @@ def test_a_loose_ttft_slo_lengthens_the_runs_until_an_overload_fails_it(capsys):
     def goodput(fidelity: Fidelity) -> float:
         return run_trial(Trial(0, candidate, fidelity, 0, guess_rps=10.0), samples).goodput_rps
 
-    longer = replace(planner.LONG, duration_s=4 * planner.LONG.duration_for(samples.scale),
+    longer = replace(LONG, duration_s=4 * LONG.duration_for(samples.scale),
                      lifetimes=0.0)
-    settled, bounded = goodput(longer), goodput(planner.LONG)
-    assert bounded == pytest.approx(settled, rel=planner.LONG.rel_tol)
-    assert goodput(replace(planner.LONG, ttft_overload=0.0)) > 1.2 * settled
+    settled, bounded = goodput(longer), goodput(LONG)
+    assert bounded == pytest.approx(settled, rel=LONG.rel_tol)
+    assert goodput(replace(LONG, ttft_overload=0.0)) > 1.2 * settled
     # beyond the cap (a long run: 60 / (0.9 x 0.04) = 1,667 s) the plan says what can pass
     assert main(["plan", "--ttft-slo", "1000", "--policy", "colocated", "--gpus", "1",
                  "--time-limit", "4", "--jobs", "1", "--no-progress"]) == 1  # no winner in 4 s

@@ -137,6 +137,48 @@ def request_lifetime_s(workload: Workload, tpot_slo_s: float) -> float:
     return float(workload.output_tokens.mean()) * min(tpot_slo_s, LIFETIME_TPOT_CAP_S)
 
 
+# a run's arrivals last this long at the rate expected, and at least this many request
+# lifetimes (mean output x TPOT SLO). The decode batch takes a lifetime and more to fill: on
+# azure-conv, 8 x H100, colocated, the attainment at 200 req/s falls from 86 % over 1,500
+# requests to 34 % over 3,000 and 14 % over 6,000; on 4000/500-token requests, a plan whose
+# runs lasted 40 s put the goodput at 32.8 req/s [31.2, 34.5], a run of 4,000 (140 s) at 29.1.
+# The long runs last 80 s: on the whole azure-conv trace (115 s of arrivals at its goodput,
+# 8 x H100, colocated) the goodput is 168.7 req/s, where 40-s windows gave 200 [174, 235],
+# 80-s windows 178 [169, 194] and 120-s ones 170 (docs/results/plan.md). And long enough
+# that a rate the search's tolerance above what the cluster sustains fails the TTFT SLO
+# (`Fidelity.ttft_overload`): at TTFT 30 s, 2 x A100, 1,024/256 tokens, runs of ~100 s put
+# colocated's goodput at 26.8 req/s, where 6,500-s runs settle at 20.1
+SHORT = Fidelity("short", duration_s=20.0, min_requests=400, rel_tol=0.1, step=1.2,
+                 lifetimes=0.5, ttft_overload=0.1)
+LONG = Fidelity("long", duration_s=80.0, min_requests=1000, rel_tol=0.04, step=1.15,
+                lifetimes=2.0, ttft_overload=0.04)
+
+
+def burst_goodput_note(workload: Workload, config: Config, goodput_rps: float) -> str | None:
+    """Why a goodput found on `workload` as given (`simulate --goodput`) is likely too high
+    (None: it is not): at that rate the workload's arrivals last less than a confirmation
+    run of the planner for these SLOs (`LONG`: 80 s, two request lifetimes, long enough for
+    an overload to fail the TTFT SLO), so the rate was served as a burst, not sustained.
+    The default synthetic workload (1,000 requests) found 2,543 req/s on 4P4D where 100,000
+    requests find 386."""
+    if goodput_rps <= 0 or workload.mean_rate_rps <= 0:
+        return None
+    needed_s = LONG.duration_for(RunScale.of(workload, config))
+    span_s = workload.span_s * workload.mean_rate_rps / goodput_rps
+    if span_s >= needed_s:
+        return None
+    if config.workload.trace == "synthetic":
+        remedy = f"--synthetic-requests {math.ceil(needed_s * goodput_rps):,} or more"
+    elif is_session_workload(config.workload.trace):
+        remedy = "more sessions (--synthetic-requests)"
+    else:
+        remedy = "more of the trace (a longer --duration, or --repeat to replay it)"
+    return (f"at the goodput rate the workload's arrivals last {span_s:.1f}s, less than the "
+            f"{needed_s:.0f}s a run needs for these SLOs to tell a sustained rate from a "
+            f"burst (a confirmation run of pdserve plan): this goodput is likely too high; "
+            f"give {remedy}")
+
+
 def trace_repeat(base: Config, trace_requests: int, count: int) -> dict[str, Any]:
     """The `workload.repeat` a sample of `count` requests of the base's trace (of
     `trace_requests`) is drawn from: replayed end to end to at least twice the sample's

@@ -35,9 +35,10 @@ from pdserve.planning.candidates import (
     mixed_degree_candidates,
 )
 from pdserve.planning.fidelity import (
+    LONG,
     SESSION_ROUNDS,
+    SHORT,
     TTFT_RUN_CAP_S,
-    Fidelity,
     RunScale,
     trace_repeat,
 )
@@ -66,21 +67,6 @@ from pdserve.workload.sessions import is_session_workload
 
 DEFAULT_GPUS = 8
 OUTPUT_S = 3.0  # kept back from the time limit for the outcome (the plot takes seconds)
-# a run's arrivals last this long at the rate expected, and at least this many request
-# lifetimes (mean output x TPOT SLO). The decode batch takes a lifetime and more to fill: on
-# azure-conv, 8 x H100, colocated, the attainment at 200 req/s falls from 86 % over 1,500
-# requests to 34 % over 3,000 and 14 % over 6,000; on 4000/500-token requests, a plan whose
-# runs lasted 40 s put the goodput at 32.8 req/s [31.2, 34.5], a run of 4,000 (140 s) at 29.1.
-# The long runs last 80 s: on the whole azure-conv trace (115 s of arrivals at its goodput,
-# 8 x H100, colocated) the goodput is 168.7 req/s, where 40-s windows gave 200 [174, 235],
-# 80-s windows 178 [169, 194] and 120-s ones 170 (docs/results/plan.md). And long enough
-# that a rate the search's tolerance above what the cluster sustains fails the TTFT SLO
-# (`Fidelity.ttft_overload`): at TTFT 30 s, 2 x A100, 1,024/256 tokens, runs of ~100 s put
-# colocated's goodput at 26.8 req/s, where 6,500-s runs settle at 20.1
-SHORT = Fidelity("short", duration_s=20.0, min_requests=400, rel_tol=0.1, step=1.2,
-                 lifetimes=0.5, ttft_overload=0.1)
-LONG = Fidelity("long", duration_s=80.0, min_requests=1000, rel_tol=0.04, step=1.15,
-                lifetimes=2.0, ttft_overload=0.04)
 
 # a synthetic workload is a length distribution and an arrival process, not a count: unless
 # --synthetic-requests (or --config) caps it, each run draws what its fidelity needs, up to
