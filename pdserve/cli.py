@@ -28,6 +28,7 @@ from pdserve.engine.profile_cli import add_profile_parser
 from pdserve.live.ray_local import add_ray_local_parser
 from pdserve.planning.cli import add_plan_parser
 from pdserve.predictor.cli import add_predictor_parser
+from pdserve.workload.workload import Workload
 from pdserve.server.serve_cli import add_serve_parser
 
 
@@ -200,7 +201,7 @@ def bench_workload(args: argparse.Namespace):
     return workload.clipped(args.max_input_tokens, args.max_output_tokens)
 
 
-def session_replay_note(workload) -> str | None:
+def session_replay_note(workload: Workload) -> str | None:
     """What a replay of a trace with multi-round sessions does not do (None: no later
     rounds): `pdserve simulate` chains a session's rounds and reuses their history; the
     replay client sends every row at its arrival time as a request of its own."""

@@ -155,8 +155,12 @@ class Workload:
         """Lengths capped (for a model with a short context or a slow machine)."""
         if max_input_tokens < 1 or max_output_tokens < 1:
             raise ValueError("length caps must be at least 1")
-        return replace(self, input_tokens=np.minimum(self.input_tokens, max_input_tokens),
-                       output_tokens=np.minimum(self.output_tokens, max_output_tokens))
+        inputs = np.minimum(self.input_tokens, max_input_tokens)
+        history = self.history_tokens  # a round's history stays inside its (capped) prompt
+        return replace(self, input_tokens=inputs,
+                       output_tokens=np.minimum(self.output_tokens, max_output_tokens),
+                       history_tokens=None if history is None else np.minimum(history,
+                                                                              inputs - 1))
 
     def with_history_from_prompts(self) -> Workload:
         """A trace's rows with session ids and round numbers as multi-round sessions: a
