@@ -28,8 +28,8 @@ from pdserve.engine.profile_cli import add_profile_parser
 from pdserve.live.ray_local import add_ray_local_parser
 from pdserve.planning.cli import add_plan_parser
 from pdserve.predictor.cli import add_predictor_parser
-from pdserve.workload.workload import Workload
 from pdserve.server.serve_cli import add_serve_parser
+from pdserve.workload.workload import Workload
 
 
 def _simulate_parser(sub: argparse._SubParsersAction) -> None:
