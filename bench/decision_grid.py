@@ -78,7 +78,7 @@ def _fidelities() -> tuple[Any, Any]:
     261 req/s (its goodput by 40-s runs) attains 100 % over 40 s of arrivals, 47 % over 120 s
     and 23 % over 240 s, the queue growing all along; here a long run lasts 240 s and at
     least ten SLO lifetimes (output tokens x TPOT SLO), a short one 80 s and three"""
-    from pdserve.planning.fidelity import Fidelity
+    from pdserve.planning.run_length import Fidelity
 
     return (Fidelity("short", duration_s=80.0, min_requests=1000, rel_tol=0.1, step=1.2,
                      lifetimes=3.0, ttft_overload=0.1),
@@ -302,7 +302,7 @@ def _degree(candidate: Any, decode: bool) -> int:
 def run_scale(question: Question) -> Any:
     """The question's run lengths' measures: a request's lifetime at the TPOT SLO (output
     tokens x TPOT SLO), the TTFT SLO, 90 % attainment."""
-    from pdserve.planning.fidelity import RunScale
+    from pdserve.planning.run_length import RunScale
 
     return RunScale(question.output_tokens * question.tpot_slo_s, question.ttft_slo_s, 0.9)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pdserve.config import Config
-from pdserve.planning.fidelity import LONG, SHORT, Fidelity
 from pdserve.planning.multi_fidelity import SearchBudget
+from pdserve.planning.run_length import LONG, SHORT, Fidelity
 from pdserve.planning.verdict import (
     Comparison,
     Contender,

@@ -67,7 +67,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         write_summary_json,
     )
     from pdserve.metrics.report_page import run_state, write_report
-    from pdserve.planning.fidelity import burst_goodput_note
+    from pdserve.planning.run_length import burst_goodput_note
     from pdserve.sim.runner import Experiment, check_rate_to_scale
 
     config = config_from_args(args)

@@ -143,7 +143,8 @@ def test_the_planners_trials_stop_failing_steps_with_the_same_result(monkeypatch
     """`planning/fidelity.py`: the same rate, search path and latencies at the rate found
     (its passing step ran in full), in fewer events."""
     from pdserve.planning.candidates import enumerate_candidates
-    from pdserve.planning.fidelity import Fidelity, Trial, WorkloadSamples, run_trial
+    from pdserve.planning.fidelity import Trial, WorkloadSamples, run_trial
+    from pdserve.planning.run_length import Fidelity
     from pdserve.policies.search_spaces import SEARCH_SPACES
 
     base = _experiment(control_latency=True).config

@@ -339,13 +339,19 @@ def test_a_goodput_found_on_a_burst_says_it_is_likely_too_high(capsys):
     printed = capsys.readouterr().out
     assert "warning: at the goodput rate the workload's arrivals last" in printed
     assert "less than the 80s a run needs" in printed and "--synthetic-requests" in printed
-    from pdserve.planning.fidelity import burst_goodput_note
+    from pdserve.planning.run_length import burst_goodput_note
 
     config = Config().with_values({"workload.trace": "azure-conv"})
     workload = Experiment.from_config(config).workload
     rate = workload.mean_rate_rps
     assert burst_goodput_note(workload, config, 19.5 * rate) is None
     assert "last 58.4s" in burst_goodput_note(workload, config, 60 * rate)  # 3,502 s / 60
+    # TaiChi's slider search runs the workload it is given too, and says the same
+    assert main(["plan", "--policy", "taichi", "--trace", "synthetic", "--synthetic-requests",
+                 "200", "--instances", "2", "--chunk-sizes", "1024", "--d-chunk-sizes", "512",
+                 "--jobs", "1", "--no-progress"]) == 0
+    assert "warning: at the goodput rate the workload's arrivals last" in \
+        capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, message", [

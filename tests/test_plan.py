@@ -24,20 +24,18 @@ from pdserve.planning.candidates import (
     enumerate_candidates,
     feasible_degrees,
 )
-from pdserve.planning.fidelity import (
+from pdserve.planning.fidelity import Trial, WorkloadSamples, run_trial
+from pdserve.planning.multi_fidelity import SearchBudget
+from pdserve.planning.outcome import Interval, policy_rows, verdict
+from pdserve.planning.run_length import (
     LIFETIME_TPOT_CAP_S,
     LONG,
     SHORT,
     TTFT_RUN_CAP_S,
     Fidelity,
     RunScale,
-    Trial,
-    WorkloadSamples,
     request_lifetime_s,
-    run_trial,
 )
-from pdserve.planning.multi_fidelity import SearchBudget
-from pdserve.planning.outcome import Interval, policy_rows, verdict
 from pdserve.planning.screen import Screen, WorkloadShape
 from pdserve.planning.splits import split_counts
 from pdserve.policies.search_spaces import CANNOT_COMPOSE, SEARCH_SPACES, spaces_for

@@ -9,9 +9,9 @@ import math
 import pytest
 
 from pdserve.config import Config
-from pdserve.planning.fidelity import Fidelity
 from pdserve.planning.multi_fidelity import SearchBudget
 from pdserve.planning.outcome import Interval
+from pdserve.planning.run_length import Fidelity
 from pdserve.planning.verdict import (
     LOSS,
     TIE,

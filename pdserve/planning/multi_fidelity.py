@@ -31,7 +31,8 @@ from multiprocessing.pool import AsyncResult
 
 from pdserve.config import Config
 from pdserve.planning.candidates import Candidate
-from pdserve.planning.fidelity import Fidelity, Trial, TrialResult, evaluate, init_worker
+from pdserve.planning.fidelity import Trial, TrialResult, evaluate, init_worker
+from pdserve.planning.run_length import Fidelity
 from pdserve.planning.screen import Screen, ScreenEstimate
 
 SHORT_SHARE = 0.4  # of the time limit, for the short stage's new trials

@@ -34,14 +34,7 @@ from pdserve.planning.candidates import (
     feasible_degrees,
     mixed_degree_candidates,
 )
-from pdserve.planning.fidelity import (
-    LONG,
-    SESSION_ROUNDS,
-    SHORT,
-    TTFT_RUN_CAP_S,
-    RunScale,
-    trace_repeat,
-)
+from pdserve.planning.fidelity import SESSION_ROUNDS, trace_repeat
 from pdserve.planning.multi_fidelity import MultiFidelitySearch, SearchBudget, SearchOutcome
 from pdserve.planning.outcome import (
     pareto_points,
@@ -60,6 +53,7 @@ from pdserve.planning.report import (
     write_config,
     write_plan_report,
 )
+from pdserve.planning.run_length import LONG, SHORT, TTFT_RUN_CAP_S, RunScale
 from pdserve.planning.screen import Screen, WorkloadShape
 from pdserve.policies.search_spaces import spaces_for
 from pdserve.sim.runner import check_rate_to_scale, load_perf_model, load_workload

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from pdserve.config import Config
 from pdserve.config_flags import config_from_args
+from pdserve.planning.run_length import burst_goodput_note
 from pdserve.planning.splits import split_counts
-from pdserve.sim.runner import Experiment, load_perf_model
+from pdserve.sim.runner import Experiment, load_perf_model, load_workload
 
 DISAGGREGATED_CHUNK_TOKENS = 16384  # "S_P = the maximum context" for the workloads shipped
 
@@ -177,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{rank:<5}{result.point.label:<42}{result.goodput_rps:>14.2f}"
               f"{result.attainment:>8.1%}{result.ttft_p90_s:>9.2f}s"
               f"{result.tpot_p90_s * 1e3:>8.0f}ms")
+    if results and (note := burst_goodput_note(load_workload(base), base,
+                                                results[0].goodput_rps)) is not None:
+        print(f"warning: {note}")
     if results:
         best = results[0].point
         print(f"best: --policy taichi --prefill {max(1, best.p_heavy)} --decode "

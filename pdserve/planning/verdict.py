@@ -35,10 +35,11 @@ from typing import Any
 from pdserve.cluster.hardware import parse_instances
 from pdserve.config import Config
 from pdserve.planning.candidates import Candidate, Deployment
-from pdserve.planning.fidelity import Fidelity, Trial, TrialResult, WorkloadSamples, run_trial
+from pdserve.planning.fidelity import Trial, TrialResult, WorkloadSamples, run_trial
 from pdserve.planning.multi_fidelity import SearchBudget
 from pdserve.planning.outcome import Interval, policy_rows
 from pdserve.planning.planner import search
+from pdserve.planning.run_length import Fidelity
 from pdserve.policies.search_spaces import SEARCH_SPACES
 
 WIN, TIE, LOSS = "win", "tie", "loss"
