@@ -493,9 +493,12 @@ def test_a_synthetic_workload_is_drawn_as_long_as_the_runs_need_unless_capped(tm
     from_file = argparse.Namespace(config=path)
     assert uncapped_synthetic(synthetic, from_file).workload.synthetic_requests == 1000
     trace = Config().with_values({"workload.trace": "azure-conv"})
-    assert uncapped_synthetic(trace, plain) == trace and confirmation_requests(trace, 10) is None
+    no_scale = RunScale(0.0, 0.0, 0.9)
+    assert uncapped_synthetic(trace, plain) == trace and \
+        confirmation_requests(trace, 10, no_scale) is None
     # 80 s of arrivals, at least 2 lifetimes (1,024 tokens x 30 ms), rounded to 2^(k/4)
-    wanted = confirmation_requests(synthetic.with_values({"slo.tpot_s": 0.03}), 100.0)
+    tight = synthetic.with_values({"slo.tpot_s": 0.03})
+    wanted = confirmation_requests(tight, 100.0, RunScale.of(load_workload(tight), tight))
     assert 8000 * 0.85 <= wanted <= 8000 * 1.2
 
 

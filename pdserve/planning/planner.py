@@ -91,12 +91,12 @@ def uncapped_synthetic(base: Config, args: argparse.Namespace) -> Config:
         SESSION_ROUNDS if sessions else 1)})
 
 
-def confirmation_requests(base: Config, goodput_rps: float) -> int | None:
+def confirmation_requests(base: Config, goodput_rps: float, scale: RunScale) -> int | None:
     """How many requests a confirmation run of a synthetic workload wants at `goodput_rps`
     (None for traces, replayed whole, and sessions, which keep their count)."""
     if base.workload.trace != "synthetic":
         return None
-    return LONG.requests(goodput_rps, RunScale.of(load_workload(base), base))
+    return LONG.requests(goodput_rps, scale)
 
 
 def perf_by_degree(base: Config) -> Callable[[int], PerfModel]:
@@ -193,11 +193,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: --tp {base.perf.tp} leaves {gpus % base.perf.tp} of the {gpus} GPUs "
               f"idle: the plan deploys {gpus - gpus % base.perf.tp}", flush=True)
     scale = RunScale.of(workload, base)
+    long_s = LONG.duration_for(scale)
     if base.slo.ttft_s > TTFT_RUN_CAP_S:
         print(f"note: runs are sized for a TTFT SLO of {TTFT_RUN_CAP_S:g}s (a long one lasts "
-              f"{LONG.duration_for(scale):,.0f}s of arrivals); at {base.slo.ttft_s:g}s a "
-              f"rate up to {base.slo.ttft_s / (base.goodput.target * LONG.duration_for(scale)):.0%}"
-              f" above what a deployment sustains can still pass its runs", flush=True)
+              f"{long_s:,.0f}s of arrivals); at {base.slo.ttft_s:g}s a rate up to "
+              f"{base.slo.ttft_s / (base.goodput.target * long_s):.0%} above what a "
+              f"deployment sustains can still pass its runs", flush=True)
     progress = ProgressLine(enabled=not args.no_progress)
     screened_s = 0.0  # from the start to the end of the screen, when the budget is made
 
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     confirmed = len({r.candidate.simulation_key for r in outcome.records if r.long})
     print(f"{evaluated} configurations screened, {short} simulated short "
           f"(>= {SHORT.duration_for(scale):,.0f}s of arrivals), {long} long runs (>= "
-          f"{LONG.duration_for(scale):,.0f}s, up to {budget.seeds} seeds for each of {confirmed} "
+          f"{long_s:,.0f}s, up to {budget.seeds} seeds for each of {confirmed} "
           f"confirmed) in {wall_s:.1f}s"
           + ("; stopped at the time limit" if outcome.stopped_at_limit else ""))
     errors = [r.short.error for r in outcome.records if r.short and r.short.error]
@@ -227,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     # 1,000x what the cluster sustains; the screen's steady-state estimate is not fooled
     sustained_rps = (min(result.winner.goodput.mean, result.winner.screen_goodput_rps)
                      if result.winner is not None else 0.0)
-    wanted = (confirmation_requests(base, sustained_rps) if result.winner is not None
+    wanted = (confirmation_requests(base, sustained_rps, scale) if result.winner is not None
               else None)
     if wanted is not None and wanted > base.workload.synthetic_requests:
         held = base.workload.synthetic_requests
@@ -235,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
                   f"unless told)" if held >= SYNTHETIC_DRAW_MAX else
                   f"leave --synthetic-requests out (or give {wanted:,} or more)")
         print(f"warning: the synthetic workload holds {held:,} requests and a confirmation at "
-              f"the winner's sustained rate wants {wanted:,} ({LONG.duration_for(scale):,.0f}s of "
+              f"the winner's sustained rate wants {wanted:,} ({long_s:,.0f}s of "
               f"arrivals): the runs were cut short, so the goodputs are a burst's, not a "
               f"steady state's; {remedy} for a sustained rate")
     unbounded = [row.space for row in rows if row.ceiling_reached]
@@ -275,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
                 #  as the confirmations drew it (a 64-GPU plan's winner.yaml replayed
                 #  azure-conv once, 7 s of arrivals at its goodput: 36 % above the plan)
                 config = config.with_values(trace_repeat(base, len(workload), LONG.requests(
-                    sustained_rps, RunScale.of(workload, base))))
+                    sustained_rps, scale)))
             write_config(out / "winner.yaml", config,
                          f"pdserve plan's winner: {result.winner.space}, "
                          f"{result.winner.candidate.describe()}\n"
