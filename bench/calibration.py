@@ -216,49 +216,85 @@ def measured_held_out(json_path: str | None) -> None:
 
 
 AIC_MODELS = {"llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
-              "llama-3.1-70b": "meta-llama/Meta-Llama-3.1-70B", "qwen3-32b": "Qwen/Qwen3-32B"}
+              "llama-3.1-70b": "meta-llama/Meta-Llama-3.1-70B", "qwen3-32b": "Qwen/Qwen3-32B",
+              "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+              # shipped in its model_configs/ but not among its default models: read from a
+              # folder holding that config.json (AIC would otherwise fetch it)
+              "mixtral-8x7b": "model_configs/mistralai--Mixtral-8x7B-v0.1_config.json"}
 STEP_CASES = (("llama-3.1-8b", 1), ("llama-3.1-8b", 2), ("llama-3.1-70b", 4), ("qwen3-32b", 2))
+MOE_STEP_CASES = (("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 2), ("mixtral-8x7b", 2),
+                  ("qwen3-235b-a22b", 4))
+
+
+def aic_model_path(model: str, folder: str) -> str:
+    """AIC's model path for `model`; a config shipped in its package is copied into
+    `folder`/<model>/config.json, which AIC reads as a local checkpoint's."""
+    path = AIC_MODELS[model]
+    if not path.startswith("model_configs/"):
+        return path
+    from importlib import resources
+    from pathlib import Path
+    target = Path(folder) / model
+    target.mkdir(parents=True, exist_ok=True)
+    source = resources.files("aiconfigurator_core").joinpath(path)
+    (target / "config.json").write_text(source.read_text())
+    return str(target)
 STEP_GPUS = ("a100", "h100", "h200", "b200", "l40s")
 
 
 def aic_steps() -> None:
     print("\n== whole steps: measured operator model (host overhead none) vs AIConfigurator "
-          "0.12.0's own estimate (vLLM, same shapes) ==")
+          "0.12.0's own estimate (vLLM, same shapes; MoE models with experts sharded by TP, "
+          "as vLLM runs them by default) ==")
     try:
         from aiconfigurator_core.sdk.engine import EngineHandle
     except ImportError:
         print("skipped: aiconfigurator-core is not installed (pip install -e .[aic])")
         return
     import logging
+    import tempfile
 
+    from pdserve.perf.kernel_tables import shipped_tables
     from pdserve.perf.presets import measured
     logging.disable(logging.WARNING)
-    ratios = []
+    ratios: list[float] = []
+    moe_ratios: list[float] = []
+    folder = tempfile.mkdtemp(prefix="aic-models-")
     for gpu in STEP_GPUS:
-        for model, tp in STEP_CASES:
+        for model, tp in STEP_CASES + MOE_STEP_CASES:
             if model == "llama-3.1-70b" and gpu == "l40s":
-                continue  # 141 GB of weights on 4 x 48 GB
+                continue  # 141 GB of weights on 4 x 48 GB (left out since the first run)
             ours = measured(model, gpu, tp, "vllm", host="none")
-            system = ours.ops.gpu.name
-            from pdserve.perf.kernel_tables import shipped_tables
-            meta = shipped_tables(system).meta
+            if ours.kv_capacity_tokens <= 0:
+                print(f"{model}@{gpu} tp{tp}: the weights do not fit")
+                continue
+            try:
+                ours.decode_step_s(1, 1000)
+            except ValueError as err:  # an MoE shape the engine was not measured at
+                print(f"{model}@{gpu} tp{tp}: {err}")
+                continue
+            meta = shipped_tables(ours.ops.gpu.name).meta
             version = ours.ops.name.split("@")[1]
-            engine = EngineHandle.compile(AIC_MODELS[model], meta["aic_system"], "vllm",
-                                          backend_version=version, tp_size=tp)
+            moe = {"moe_tp_size": tp} if ours.model.experts else {}
+            engine = EngineHandle.compile(aic_model_path(model, folder), meta["aic_system"],
+                                          "vllm", backend_version=version, tp_size=tp, **moe)
+            found = moe_ratios if ours.model.experts else ratios
             cells = []
             for isl in (1000, 4000):
                 theirs = engine.predict_prefill_latency(1, isl) * 1e-3
                 mine = ours.prefill_s(isl)
-                ratios.append(mine / theirs)
+                found.append(mine / theirs)
                 cells.append(f"prefill {isl} {mine * 1e3:6.1f}/{theirs * 1e3:6.1f}")
             for batch, context in ((1, 1000), (16, 4250), (64, 1000), (64, 4250), (256, 1000)):
                 theirs = engine.predict_decode_latency(batch, context) * 1e-3
                 mine = ours.decode_step_s(batch, batch * context)
-                ratios.append(mine / theirs)
+                found.append(mine / theirs)
                 cells.append(f"B{batch}x{context} {mine * 1e3:5.1f}/{theirs * 1e3:5.1f}")
             print(f"{model}@{gpu} tp{tp} ({ours.ops.name}), ms ours/AIC: " + "; ".join(cells))
-    errors = np.abs(np.array(ratios) - 1) * 100
-    print(f"all steps: {stats(errors)}; ours/AIC median {np.median(ratios):.3f}")
+    for label, found in (("dense models", ratios), ("MoE models", moe_ratios)):
+        errors = np.abs(np.array(found) - 1) * 100
+        print(f"all steps, {label} ({len(found)}): {stats(errors)}; ours/AIC median "
+              f"{np.median(found):.3f}")
 
 
 def main() -> None:

@@ -31,6 +31,12 @@ queries by default (`systems/query_versions.yaml`, "current"):
   send_recv           NCCL all-gather on 2 GPUs [bytes each GPU receives]: the intra-node
                       point-to-point figure (AIConfigurator has no send/recv table: it prices
                       P2P analytically)
+  moe/bf16            latency [expert shape, TP degree, tokens] of the fused MoE layer
+                      (routing, gate+up, activation, down of the routed experts) for the
+                      shapes of pdserve's MoE models (hidden, expert FFN, experts per token,
+                      experts), bf16, experts sharded by TP (moe_tp = TP, no expert
+                      parallelism: each engine's default), tokens routed by the power law
+                      of exponent 1.2 AIConfigurator prices with by default
 Latencies are stored in ms as float16 (0.05 % rounding); unmeasured cells are NaN. The GPU's
 datasheet figures from its `systems/<gpu>.yaml` go in `meta`. No latency is changed.
 """
@@ -56,6 +62,7 @@ SYSTEMS = {"a100": "a100_sxm", "h100": "h100_sxm", "h200": "h200_sxm", "b200": "
 BACKENDS = ("vllm", "sglang", "trtllm")
 GEMM_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
 HEAD_DIM = 128
+MOE_DISTRIBUTION = "power_law_1.2"  # AIConfigurator's default routing skew (sdk/models/moe.py)
 
 
 def version_key(version: str) -> tuple:
@@ -76,8 +83,9 @@ def gemm_dims() -> tuple[int, int]:
                 continue
             q = model.heads * model.head_dim // tp
             kv = model.kv_heads * model.head_dim // tp
-            dims += [model.hidden, q + 2 * kv, q, 2 * model.ffn // tp, model.ffn // tp,
-                     model.vocab // tp]
+            dims += [model.hidden, q + 2 * kv, q, model.vocab // tp]
+            if not model.experts:  # an MoE model's experts are the MoE table's
+                dims += [2 * model.ffn // tp, model.ffn // tp]
     return min(dims), max(dims)
 
 
@@ -97,6 +105,12 @@ def dense(frame, axes: list[str], value: str = "latency") -> tuple[list[np.ndarr
     index = [np.searchsorted(g, grouped.index.get_level_values(i)) for i, g in enumerate(grids)]
     table[tuple(index)] = grouped.to_numpy()
     return grids, table
+
+
+def moe_shapes() -> list[tuple[int, int, int, int]]:
+    """(hidden, expert FFN, experts per token, experts) of each pdserve MoE model."""
+    return sorted({(m.hidden, m.ffn, m.experts_per_token, m.experts) for m in MODELS.values()
+                   if m.experts})
 
 
 def newest_at_most(folder: Path, version: str) -> Path | None:
@@ -160,6 +174,25 @@ def trim_gpu(root: Path, short: str, system: str, versions: dict, out: Path) -> 
                 arrays |= {f"{key}/all_reduce/{kind}/gpus": gpus,
                            f"{key}/all_reduce/{kind}/bytes": size * 2,  # bf16 elements
                            f"{key}/all_reduce/{kind}/latency_ms": table}
+        moe_file = data / "moe" / backend / version / "moe_perf.parquet"
+        if moe_file.exists():
+            rows = pd.read_parquet(moe_file)
+            rows = rows[(rows["moe_dtype"] == "bfloat16") & (rows["moe_ep_size"] == 1)
+                        & (rows["distribution"] == MOE_DISTRIBUTION)]
+            shape = (rows["hidden_size"].astype(np.int64) * 10**12
+                     + rows["inter_size"].astype(np.int64) * 10**6
+                     + rows["topk"].astype(np.int64) * 10**3 + rows["num_experts"])
+            wanted = [h * 10**12 + f * 10**6 + k * 10**3 + e for h, f, k, e in moe_shapes()]
+            rows = rows.assign(shape=shape)[shape.isin(wanted)]
+            if not rows.empty:
+                sources["moe"] = version
+                (shapes, tp, tokens), table = dense(rows, ["shape", "moe_tp_size", "num_tokens"])
+                arrays |= {f"{key}/moe/bf16/hidden": shapes // 10**12,
+                           f"{key}/moe/bf16/ffn": shapes // 10**6 % 10**6,
+                           f"{key}/moe/bf16/topk": shapes // 10**3 % 10**3,
+                           f"{key}/moe/bf16/experts": shapes % 10**3,
+                           f"{key}/moe/bf16/tp": tp, f"{key}/moe/bf16/tokens": tokens,
+                           f"{key}/moe/bf16/latency_ms": table}
         backends[key] = sources
     if not backends:
         return 0

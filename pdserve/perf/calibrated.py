@@ -35,7 +35,7 @@ from pdserve.perf.operators import (
     shipped_operator_model,
 )
 from pdserve.perf.residuals import Residuals
-from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp, gpu_spec
+from pdserve.perf.specs import GpuSpec, ModelSpec, check_dense, check_tp, gpu_spec
 
 FIT_GRID = FitGrid(
     prefill_tokens=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
@@ -56,6 +56,7 @@ class Calibrated:
 
     def __post_init__(self) -> None:
         check_tp(self.model, self.tp)
+        check_dense(self.model, "the Vidur model (--backend vidur)")
 
     @property
     def shape(self) -> LayerShape:

@@ -4,7 +4,8 @@
 `LICENSE.aiconfigurator` and `NOTICE` beside the files) measured on that GPU for vLLM, SGLang
 and TensorRT-LLM: dense GEMMs (bf16, fp8), prefill ("context") and decode ("generation")
 attention, each engine's custom all-reduce (under CUDA graphs and eager), NCCL's all-reduce,
-and NCCL's 2-GPU all-gather as the intra-node send/recv figure. `scripts/aic_tables.py`
+NCCL's 2-GPU all-gather as the intra-node send/recv figure, and the fused MoE layer for the
+expert shapes of pdserve's MoE models. `scripts/aic_tables.py`
 trims them from the pinned package and says what was kept and why pdserve ships a copy
 (install size, offline use, the package's API churn). Nothing is fetched at run time.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
@@ -82,6 +83,9 @@ class BackendTables:
     context: HeadTable
     generation: HeadTable
     all_reduce: dict[str, LogGrid]  # "graph", "eager" (custom), "nccl": axes (gpus, bytes)
+    # the fused MoE layer (bf16), by (hidden, expert FFN, experts per token, experts, TP):
+    # axis (tokens,); only the TP degrees measured for that shape
+    moe: dict[tuple[int, int, int, int, int], LogGrid] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,21 @@ def _heads(arrays: dict[str, np.ndarray], prefix: str, smooth: bool) -> HeadTabl
     return HeadTable(tuple(pairs), tuple(grids))
 
 
+def _moe(arrays: dict[str, np.ndarray], prefix: str
+         ) -> dict[tuple[int, int, int, int, int], LogGrid]:
+    if f"{prefix}/tokens" not in arrays:
+        return {}
+    values = arrays[f"{prefix}/latency_ms"].astype(np.float64) * 1e-3
+    tokens, grids = arrays[f"{prefix}/tokens"], {}
+    shapes = zip(*(arrays[f"{prefix}/{axis}"] for axis in ("hidden", "ffn", "topk", "experts")),
+                 strict=True)
+    for i, shape in enumerate(shapes):
+        for j, tp in enumerate(arrays[f"{prefix}/tp"]):
+            if np.isfinite(values[i, j]).sum() >= 2:  # a series, not a stray cell
+                grids[(*(int(v) for v in shape), int(tp))] = LogGrid((tokens,), values[i, j])
+    return grids
+
+
 def parse_tables(gpu: str, data: bytes) -> KernelTables:
     """The tables of one GPU. Along their size axis prefill attention is interpolated by a
     monotone cubic (`LogGrid.smooth`), the others straight: chosen by held-out error
@@ -157,7 +176,8 @@ def parse_tables(gpu: str, data: bytes) -> KernelTables:
                 reduce[kind] = _grid(arrays, f"{name}/all_reduce/{kind}", ("gpus", "bytes"),
                                      (0, 1))
         backends[name] = BackendTables(name, gemm, _heads(arrays, f"{name}/context", True),
-                                       _heads(arrays, f"{name}/generation", False), reduce)
+                                       _heads(arrays, f"{name}/generation", False), reduce,
+                                       _moe(arrays, f"{name}/moe/bf16"))
     send = _grid(arrays, "send_recv", ("bytes",), (0,))
     return KernelTables(gpu, meta, backends, send)
 

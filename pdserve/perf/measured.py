@@ -4,7 +4,9 @@ One forward pass (a batch of prefill chunks and decodes) on a TP group of `tp` G
   host(seqs, tp)                        the engine's per-step host overhead (`host_overhead`)
   + embedding(tokens) + LM head(seqs)   once per pass; the LM head a bf16 GEMM of vocab/tp
   + layers * ( 2 x add+norm, activation elementwise, as AIConfigurator prices them
-               + QKV, O, gate+up, down   GEMMs on one GPU's shard, bf16 (fp8 for W8A8)
+               + QKV, O, gate+up, down   GEMMs on one GPU's shard, bf16 (fp8 for W8A8); in
+                                         an MoE model the router's GEMM and the fused MoE
+                                         layer (its activation inside) instead of the FFN
                + prefill attention       per chunk (new, prior tokens)
                + decode attention        the decodes' batch and mean context
                + 2 all-reduces of tokens x hidden x 2 bytes when tp > 1 )
@@ -40,6 +42,8 @@ class Measured:
 
     def __post_init__(self) -> None:
         check_tp(self.model, self.tp)
+        if self.model.experts and self.model.quantised:
+            raise ValueError(f"{self.model.name}: 8-bit MoE layers are not measured here")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -58,18 +62,24 @@ class Measured:
         m, ops = self.model, self.ops
         dtype = "fp8" if m.quantised else "bf16"
         q, kv = self._per_gpu(m.heads * m.head_dim), self._per_gpu(m.kv_heads * m.head_dim)
+        attention = (ops.gemm_s(tokens, m.hidden, q + 2 * kv, dtype)
+                     + ops.gemm_s(tokens, q, m.hidden, dtype))
+        if m.experts:  # the router (bf16, replicated) and the fused expert layer
+            return (attention + ops.gemm_s(tokens, m.hidden, m.experts)
+                    + ops.moe_s(tokens, m.hidden, m.ffn, m.experts_per_token, m.experts,
+                                self.tp))
         ffn = self._per_gpu(m.ffn)
-        return (ops.gemm_s(tokens, m.hidden, q + 2 * kv, dtype)
-                + ops.gemm_s(tokens, q, m.hidden, dtype)
-                + ops.gemm_s(tokens, m.hidden, 2 * ffn, dtype)
+        return (attention + ops.gemm_s(tokens, m.hidden, 2 * ffn, dtype)
                 + ops.gemm_s(tokens, ffn, m.hidden, dtype))
 
     def elementwise_s(self, tokens: int) -> float:
-        """Two add+norms (2h in, 2h out) and the gated activation (2f in, f out)."""
+        """Two add+norms (2h in, 2h out) and the gated activation (2f in, f out; an MoE
+        layer's is inside its fused kernel)."""
         m, b = self.model, self.model.dtype_bytes
-        ffn = self._per_gpu(m.ffn)
-        return (2 * self.ops.elementwise_s(tokens * 4 * m.hidden * b)
-                + self.ops.elementwise_s(tokens * 3 * ffn * b))
+        norms = 2 * self.ops.elementwise_s(tokens * 4 * m.hidden * b)
+        if m.experts:
+            return norms
+        return norms + self.ops.elementwise_s(tokens * 3 * self._per_gpu(m.ffn) * b)
 
     def all_reduce_s(self, tokens: int) -> float:
         if self.tp == 1:

@@ -23,7 +23,8 @@ from pdserve.perf.kernel_tables import HeadTable, shipped_tables
 from pdserve.perf.log_grid import HOLDOUT_EVERY, LogGrid
 from pdserve.perf.operators import HeldOutError
 
-FAMILIES = ("gemm", "gemm_fp8", "context_attention", "generation_attention", "all_reduce")
+FAMILIES = ("gemm", "gemm_fp8", "context_attention", "generation_attention", "all_reduce",
+            "moe")
 
 
 def _grid_errors(grid: LogGrid, min_seconds: float = 0.0) -> list[float]:
@@ -60,6 +61,7 @@ def held_out_errors(gpu: str, backend: str, min_seconds: float = 0.0
     }
     if "fp8" in tables.gemm:
         errors["gemm_fp8"] = _grid_errors(tables.gemm["fp8"], min_seconds)
+    errors["moe"] = [e for grid in tables.moe.values() for e in _grid_errors(grid, min_seconds)]
     return {family: summary(errors[family]) for family in FAMILIES if errors.get(family)}
 
 

@@ -29,6 +29,12 @@ shape gets its own mix of the two bounds), and how a link's bandwidth term scale
                      through L2 between two reads of one layer's KV, so it is read from HBM
   head layouts       between measured query-head counts log-interpolated; the nearest
                      measured KV-head count; another head dim scaled by the curves
+  MoE layer          the engine's fused MoE kernel (routing, the routed experts' gate+up,
+                     activation and down), table of tokens per (expert shape, TP degree),
+                     experts sharded by TP; beyond the measured tokens, and on a derived GPU,
+                     scaled by the curve of one expert's GEMMs at the tokens each expert
+                     gets (tokens x experts per token / experts); a TP degree the engine
+                     was not measured at for the shape is refused
   all-reduce         the engine's custom all-reduce under CUDA graphs or NCCL's, whichever is
                      faster at that size (AIConfigurator's own choice in its step estimates)
   send/recv          NCCL's 2-GPU all-gather (each GPU receives half the message)
@@ -87,6 +93,28 @@ class MeasuredOperators:
         ratio = (curve.time_s(tokens, k, n, target)
                  / curve.time_s(point[2], point[1], point[0], base))
         return grid.at(point) * float(ratio)
+
+    # ---- mixture of experts ----
+    def moe_s(self, tokens: float, hidden: int, expert_ffn: int, experts_per_token: int,
+              experts: int, tp: int) -> float:
+        """The fused MoE layer for `tokens` tokens, experts sharded over `tp` GPUs."""
+        grid = self.tables.moe.get((hidden, expert_ffn, experts_per_token, experts, tp))
+        if grid is None:
+            measured = sorted(key[4] for key in self.tables.moe
+                              if key[:4] == (hidden, expert_ffn, experts_per_token, experts))
+            raise ValueError(
+                f"no measured MoE layer ({experts} experts of {hidden}x{expert_ffn}, "
+                f"{experts_per_token} per token) at TP {tp} for {self.name} on "
+                f"{self.measured_gpu.name}" + (f"; measured at TP {', '.join(map(str, measured))}"
+                                               if measured else "; none measured"))
+        point = grid.clamp((tokens,))
+        curve = self.curves.gemm["mlp_up_proj"]
+        share = experts_per_token / experts  # of the tokens, per expert
+
+        def expert_s(m: float, gpu: GpuSpec) -> float:
+            return float(curve.time_s(max(m * share, 1.0), hidden, 3 * expert_ffn / tp, gpu))
+
+        return grid.at(point) * expert_s(tokens, self.gpu) / expert_s(point[0], self.measured_gpu)
 
     # ---- attention ----
     def _head_scale(self, q_heads: float, head_dim: float) -> float:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pdserve.perf.engine_memory import kv_capacity_tokens
 from pdserve.perf.fit import FitGrid, fit_perf_model
 from pdserve.perf.fitted import PerfModel
-from pdserve.perf.specs import GpuSpec, ModelSpec, check_tp
+from pdserve.perf.specs import GpuSpec, ModelSpec, check_dense, check_tp
 from pdserve.types import attn_units
 
 COMPUTE_EFFICIENCY = 0.55
@@ -55,6 +55,7 @@ class Roofline:
 
     def __post_init__(self) -> None:
         check_tp(self.model, self.tp)
+        check_dense(self.model, "the roofline model")
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -32,6 +32,10 @@ class ModelSpec:
     source: str = ""
     weight_bits: int = 16  # of the decoder layers' linear weights; 8: W8A8 (8-bit weights
     # and activations in the GEMMs; embeddings, LM head and KV stay 16-bit)
+    experts: int = 0  # routed experts per layer (mixture of experts); 0: a dense FFN. In an
+    # MoE model `ffn` is one expert's intermediate size and every layer routes each token
+    # to `experts_per_token` of them (no shared expert, no dense layers: Qwen3-MoE, Mixtral)
+    experts_per_token: int = 0
 
     @property
     def quantised(self) -> bool:
@@ -40,6 +44,8 @@ class ModelSpec:
     @property
     def layer_params(self) -> int:
         attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        if self.experts:  # every expert's SwiGLU, and the router
+            return attention + self.experts * (3 * self.hidden * self.ffn + self.hidden)
         return attention + 3 * self.hidden * self.ffn  # q,o + k,v ; SwiGLU gate, up, down
 
     @property
@@ -114,6 +120,19 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("qwen3-32b", layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128,
               ffn=25600, vocab=151936, source="Qwen/Qwen3-32B config.json (head_dim 128 is "
               "explicit there: 64 heads x 128 != hidden 5120)"),
+    # mixture of experts: priced by the measured engines' MoE tables only (`--backend vllm`,
+    # sglang, trtllm), not by the Vidur model or the roofline (no MoE operators there)
+    ModelSpec("qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128,
+              ffn=768, vocab=151936, experts=128, experts_per_token=8,
+              source="Qwen/Qwen3-30B-A3B config.json (moe_intermediate_size 768, 128 experts, "
+              "8 per token, every layer sparse)"),
+    ModelSpec("qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
+              ffn=1536, vocab=151936, experts=128, experts_per_token=8,
+              source="Qwen/Qwen3-235B-A22B config.json (moe_intermediate_size 1536, 128 "
+              "experts, 8 per token, every layer sparse)"),
+    ModelSpec("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+              ffn=14336, vocab=32000, experts=8, experts_per_token=2,
+              source="mistralai/Mixtral-8x7B-v0.1 config.json (8 local experts, 2 per token)"),
 ]}
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
@@ -203,6 +222,14 @@ def check_tp(model: ModelSpec, tp: int) -> None:
     if model.heads % tp or model.kv_heads % tp:
         raise ValueError(f"tp={tp} does not divide {model.name}'s "
                          f"{model.heads} heads / {model.kv_heads} KV heads")
+
+
+def check_dense(model: ModelSpec, source: str) -> None:
+    """`source` (a model without MoE operators) cannot price a mixture of experts."""
+    if model.experts:
+        raise ValueError(f"{model.name} is a mixture of experts: {source} has no MoE layer; "
+                         f"it is priced by the measured engines' MoE tables (--backend vllm, "
+                         f"sglang or trtllm)")
 
 
 def model_spec(name: str) -> ModelSpec:
