@@ -108,8 +108,8 @@ def test_prefill_attention_is_interpolated_smoothly_because_held_out_rows_say_so
 def test_held_out_rows_of_h100_vllm_are_interpolated_within_a_few_per_cent():
     errors = held_out_errors("h100", "vllm@0.24.0")
     assert set(errors) == {"gemm", "gemm_fp8", "context_attention", "generation_attention",
-                           "all_reduce"}
-    for family in ("gemm", "context_attention", "generation_attention", "all_reduce"):
+                           "all_reduce", "moe"}
+    for family in ("gemm", "context_attention", "generation_attention", "all_reduce", "moe"):
         assert errors[family].median_pct <= 5.0, family
         assert errors[family].rows >= 20
     assert errors["gemm"].p90_pct < 20 and errors["generation_attention"].p90_pct <= 10

@@ -22,7 +22,12 @@
                    i.e. the decodes add their KV reads and what their step costs beyond the
                    same tokens' GEMMs (the LM head, per-sequence work), and the pass costs
                    at least a prefill of all its tokens; without the outer max(0, ...) this
-                   is the additive form on a linear model
+                   is the additive form on a linear model. With a mixed table (read off the
+                   kernels' own mixed passes, `fit.fit_perf_model(..., mixed_s=...)`) that
+                   last term is the table's entry for B instead (the last entry beyond it):
+                   the fitted intercepts need not be overheads (a mixture of experts'
+                   prefill fit carries its experts' weight read there, 5-13 ms, which the
+                   formula charged every mixed step again: 20-30 % high)
   KV transfer      calls * alpha + bytes / beta
 
   size tables (optional)  + table[B - 1] for a decode step of B sequences, + table[(n - 1) // 16]
@@ -234,6 +239,10 @@ class PerfModel:
     # (`sim/runner.py: control_latency`); 0 (profiles, the presets): none
     control_latency_s: float = 0.0
     control_latency_p90_s: float = 0.0
+    # per decode batch size B (entry B - 1), what B decodes add to a mixed step beyond
+    # prefill(chunk + B) and their KV reads, read off the kernels' mixed passes (empty: the
+    # closed-form term of the module docstring)
+    mixed_decode_table_s: tuple[float, ...] = ()
     # derived, not saved: per decode batch size up to CONSTANT_BATCHES, what B decodes add
     # to a mixed step beyond their tokens' place in the chunk's GEMMs and their KV reads
     # (the max(0, ...) term above); empty for a linear model
@@ -260,6 +269,9 @@ class PerfModel:
     def mixed_decode_extra_s(self, batch_size: int) -> float:
         """What `batch_size` decodes add to a mixed step of a kernel-fitted model beyond
         their tokens' share of the chunk's GEMMs and their KV reads."""
+        table = self.mixed_decode_table_s
+        if table:
+            return table[min(max(batch_size, 1), len(table)) - 1]
         prefill = self.prefill
         return max(0.0, self.decode.batch_part_s(batch_size) - prefill.time_s(batch_size, 0)
                    + max(0.0, prefill.intercept_s - self.decode.intercept_s))
@@ -325,7 +337,9 @@ class PerfModel:
                         kv_capacity_tokens=int(raw["kv_capacity_tokens"]),
                         prefill_step_cv=float(raw.get("prefill_step_cv", 0.0)),
                         control_latency_s=float(raw.get("control_latency_s", 0.0)),
-                        control_latency_p90_s=float(raw.get("control_latency_p90_s", 0.0)))
+                        control_latency_p90_s=float(raw.get("control_latency_p90_s", 0.0)),
+                        mixed_decode_table_s=tuple(float(x) for x in
+                                                   raw.get("mixed_decode_table_s", ())))
             _check_costs(model)
             return model
         except OSError as err:
@@ -352,6 +366,9 @@ def _check_costs(model: PerfModel) -> None:
     for name in ("control_latency_s", "control_latency_p90_s"):
         if not math.isfinite(getattr(model, name)):
             raise ValueError(f"{name} must be finite, got {getattr(model, name)!r}")
+    if not all(math.isfinite(v) for v in model.mixed_decode_table_s):
+        raise ValueError(f"mixed_decode_table_s must be finite, got "
+                         f"{model.mixed_decode_table_s!r:.60}")
 
 
 def _tabled(coeffs: dict) -> dict:

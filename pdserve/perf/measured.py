@@ -130,8 +130,17 @@ class Measured:
         gpu = self.ops.gpu
         source = (f"measured {self.ops.name}" if gpu.kernel_tables == gpu.name
                   else f"{self.ops.name} measured on {gpu.kernel_tables}, scaled")
+        # a mixture of experts' mixed steps from its kernels' own mixed passes (the closed
+        # form charged its prefill fit's intercept, the experts' weight read, again: 20-30 %
+        # high). Dense models keep the closed form until the verdicts priced by it are re-run
+        # (their mixed steps' P90 error would halve: docs/results/fidelity.md)
+        mixed = self._mixed_pass_s if self.model.experts else None
         return fit_perf_model(
             f"{self.model.name}@{gpu.name}x{self.tp} ({source}; host {self.host.name}; "
             f"memory {self.memory.name})",
             self.prefill_s, self.decode_step_s, self.transfer_s, self.kv_bytes_per_token,
-            self.kv_capacity_tokens, FIT_GRID, max_batch_size, size_tables=True)
+            self.kv_capacity_tokens, FIT_GRID, max_batch_size, size_tables=True,
+            mixed_s=mixed)
+
+    def _mixed_pass_s(self, chunk_tokens: int, decodes: int, context_tokens: int) -> float:
+        return self.pass_s([(chunk_tokens, 0)], decodes, context_tokens)

@@ -90,7 +90,7 @@ from pdserve.perf.measured_ops import measured_operators
 from pdserve.perf.operators import shipped_operator_model
 from pdserve.perf.residuals import shipped_residuals
 from pdserve.perf.roofline import Roofline
-from pdserve.perf.specs import gpu_spec, model_spec
+from pdserve.perf.specs import ModelSpec, check_tp, gpu_spec, model_spec
 
 PAPER_SETUPS: dict[tuple[str, str], int] = {
     ("llama-3.1-8b", "h800"): 1,
@@ -106,14 +106,33 @@ PAPER_SETUPS: dict[tuple[str, str], int] = {
 
 
 def default_tp(model: str, gpu: str) -> int:
+    """The paper's degree for its setup; else the smallest power of two whose weights take
+    at most 60 % of the instance's memory, or, where the model's heads allow none such,
+    the largest they allow if the weights take at most 90 % of it (Qwen3-235B-A22B on
+    H200s: its 4 KV heads allow TP 4, where the weights take 81 %)."""
     key = (model.lower(), gpu.lower())
     if key in PAPER_SETUPS:
         return PAPER_SETUPS[key]
-    weights, memory = model_spec(model).weight_bytes, gpu_spec(gpu).memory_bytes
+    spec, memory = model_spec(model), gpu_spec(gpu).memory_bytes
     tp = 1
-    while weights > 0.6 * tp * memory:
+    while spec.weight_bytes > 0.6 * tp * memory:
         tp *= 2
+    try:
+        check_tp(spec, tp)
+    except ValueError:
+        allowed = max(t for t in (1, 2, 4, 8) if t <= tp and _divides(spec, t))
+        if spec.weight_bytes > 0.9 * allowed * memory:
+            raise ValueError(
+                f"{spec.name}'s {spec.weight_bytes / 1e9:.0f} GB of weights do not fit "
+                f"{allowed} x {gpu} with room for KV, and its {spec.heads} heads / "
+                f"{spec.kv_heads} KV heads allow no larger instance: choose a GPU with more "
+                f"memory") from None
+        return allowed
     return tp
+
+
+def _divides(spec: ModelSpec, tp: int) -> bool:
+    return spec.heads % tp == 0 and spec.kv_heads % tp == 0
 
 
 def roofline(model: str, gpu: str, tp: int | None = None) -> Roofline:
