@@ -127,3 +127,18 @@ def test_a_mixed_table_survives_a_save_and_load(tmp_path):
     assert loaded.mixed_decode_table_s == runtime.mixed_decode_table_s
     assert loaded.batch_time_s(64, 64000, 1024, 1024 * 1024) == runtime.batch_time_s(
         64, 64000, 1024, 1024 * 1024)
+
+
+def test_a_derived_gpu_scales_the_moe_layer_per_bound():
+    """H800 = H100 compute and HBM: the same layer. H20 (148 of the H100's 989 TFLOP/s,
+    4.0 against 3.35 TB/s): many tokens are compute-bound, 989/148 = 6.7x; one token reads
+    its 8 experts' weights, which the H20's HBM does faster."""
+    shape = (2048, 768, 8, 128, 2)
+    h100, h800, h20 = (measured_operators(g, "vllm") for g in ("h100", "h800", "h20"))
+    for tokens in (1, 64, 1024, 8192):
+        assert h800.moe_s(tokens, *shape) == h100.moe_s(tokens, *shape)
+    assert h20.moe_s(8192, *shape) / h100.moe_s(8192, *shape) == pytest.approx(989.4 / 148,
+                                                                              rel=0.01)
+    assert h20.moe_s(1, *shape) / h100.moe_s(1, *shape) == pytest.approx(3.35 / 4.0, rel=0.01)
+    # beyond the largest measured count (16,384), compute-bound: twice the tokens, twice
+    assert h100.moe_s(32768, *shape) == pytest.approx(2 * h100.moe_s(16384, *shape), rel=0.01)

@@ -32,9 +32,11 @@ shape gets its own mix of the two bounds), and how a link's bandwidth term scale
   MoE layer          the engine's fused MoE kernel (routing, the routed experts' gate+up,
                      activation and down), table of tokens per (expert shape, TP degree),
                      experts sharded by TP; beyond the measured tokens, and on a derived GPU,
-                     scaled by the curve of one expert's GEMMs at the tokens each expert
-                     gets (tokens x experts per token / experts); a TP degree the engine
-                     was not measured at for the shape is refused
+                     scaled by the layer's roofline on the two datasheets (the routed
+                     experts' FLOPs at the bf16 peak, or the weights of the experts the
+                     tokens reach at HBM bandwidth: a grouped GEMM, not one expert's, so an
+                     H20 prices 8,192 tokens 6.7x an H100, as a dense GEMM of that work);
+                     a TP degree the engine was not measured at for the shape is refused
   all-reduce         the engine's custom all-reduce under CUDA graphs or NCCL's, whichever is
                      faster at that size (AIConfigurator's own choice in its step estimates)
   send/recv          NCCL's 2-GPU all-gather (each GPU receives half the message)
@@ -108,13 +110,19 @@ class MeasuredOperators:
                 f"{self.measured_gpu.name}" + (f"; measured at TP {', '.join(map(str, measured))}"
                                                if measured else "; none measured"))
         point = grid.clamp((tokens,))
-        curve = self.curves.gemm["mlp_up_proj"]
-        share = experts_per_token / experts  # of the tokens, per expert
+        per_expert = 3 * hidden * expert_ffn / tp  # gate, up, down weights on one GPU
 
-        def expert_s(m: float, gpu: GpuSpec) -> float:
-            return float(curve.time_s(max(m * share, 1.0), hidden, 3 * expert_ffn / tp, gpu))
+        def roofline_s(m: float, gpu: GpuSpec) -> float:
+            """The routed experts' work at the datasheet peaks: their FLOPs at the bf16
+            peak or the weights of the experts the tokens reach (uniform routing) at HBM
+            bandwidth, whichever takes longer."""
+            reached = experts * (1 - (1 - experts_per_token / experts) ** max(m, 1.0))
+            flops = 2 * m * experts_per_token * per_expert
+            weight_bytes = reached * per_expert * 2
+            return max(flops / (gpu.tflops * 1e12), weight_bytes / (gpu.hbm_gb_s * 1e9))
 
-        return grid.at(point) * expert_s(tokens, self.gpu) / expert_s(point[0], self.measured_gpu)
+        return grid.at(point) * roofline_s(tokens, self.gpu) / roofline_s(point[0],
+                                                                          self.measured_gpu)
 
     # ---- attention ----
     def _head_scale(self, q_heads: float, head_dim: float) -> float:
