@@ -132,7 +132,11 @@ def default_tp(model: str, gpu: str) -> int:
 
 
 def _divides(spec: ModelSpec, tp: int) -> bool:
-    return spec.heads % tp == 0 and spec.kv_heads % tp == 0
+    try:
+        check_tp(spec, tp)
+    except ValueError:
+        return False
+    return True
 
 
 def roofline(model: str, gpu: str, tp: int | None = None) -> Roofline:
