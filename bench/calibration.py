@@ -220,10 +220,12 @@ AIC_MODELS = {"llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
               "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
               # shipped in its model_configs/ but not among its default models: read from a
               # folder holding that config.json (AIC would otherwise fetch it)
-              "mixtral-8x7b": "model_configs/mistralai--Mixtral-8x7B-v0.1_config.json"}
+              "mixtral-8x7b": "model_configs/mistralai--Mixtral-8x7B-v0.1_config.json",
+              "mixtral-8x22b": "model_configs/mistralai--Mixtral-8x22B-v0.1_config.json",
+              "qwen3-coder-480b-a35b": "Qwen/Qwen3-Coder-480B-A35B-Instruct"}
 STEP_CASES = (("llama-3.1-8b", 1), ("llama-3.1-8b", 2), ("llama-3.1-70b", 4), ("qwen3-32b", 2))
 MOE_STEP_CASES = (("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 2), ("mixtral-8x7b", 2),
-                  ("qwen3-235b-a22b", 4))
+                  ("qwen3-235b-a22b", 4), ("mixtral-8x22b", 4), ("qwen3-coder-480b-a35b", 8))
 
 
 def aic_model_path(model: str, folder: str) -> str:

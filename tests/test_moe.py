@@ -20,6 +20,8 @@ def test_moe_weights_count_every_expert_and_kv_only_the_attention():
     assert qwen.params == pytest.approx(30.5e9, rel=0.01)  # "30B", 3.3B active
     assert model_spec("qwen3-235b-a22b").params == pytest.approx(235e9, rel=0.01)
     assert model_spec("mixtral-8x7b").params == pytest.approx(46.7e9, rel=0.01)
+    assert model_spec("mixtral-8x22b").params == pytest.approx(141e9, rel=0.01)
+    assert model_spec("qwen3-coder-480b-a35b").params == pytest.approx(480e9, rel=0.01)
     assert qwen.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2
 
 

@@ -58,12 +58,13 @@ scales with TFLOP/s, a memory-bound one with bandwidth, and each shape gets its 
 (`measured_ops.py`).
 
 A mixture of experts (`specs.ModelSpec.experts`: qwen3-30b-a3b, qwen3-235b-a22b,
-mixtral-8x7b) is priced on the measured backends only: the engine's fused MoE layer from
-its table at the model's expert shape and the TP degree (experts sharded by TP, the
-engines' default; a degree not measured for the shape is refused, e.g. vLLM 0.24.0 on the
-B200 measured Qwen3-30B-A3B's experts at TP 1 and 2), plus the router's GEMM; the Vidur
-model and the roofline have no MoE layer and refuse it. Within 0.2-3 % of
-AIConfigurator's own decode steps for the same shapes (docs/results/fidelity.md).
+qwen3-coder-480b-a35b, mixtral-8x7b, mixtral-8x22b) is priced on the measured backends
+only: the engine's fused MoE layer from its table at the model's expert shape and the TP
+degree (experts sharded by TP, the engines' default; a degree not measured for the shape
+is refused, e.g. vLLM 0.24.0 on the B200 measured Qwen3-30B-A3B's experts at TP 1 and 2),
+plus the router's GEMM; the Vidur model and the roofline have no MoE layer and refuse it.
+Within 0.2-3 % of AIConfigurator's own decode steps for the same shapes
+(docs/results/fidelity.md).
 
 A `-w8a8` model (`specs.ModelSpec.weight_bits = 8`) has 8-bit decoder weights: they take
 half the memory (more KV fits). From the measured tables its GEMMs are the fp8 tables

@@ -133,6 +133,13 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
               ffn=14336, vocab=32000, experts=8, experts_per_token=2,
               source="mistralai/Mixtral-8x7B-v0.1 config.json (8 local experts, 2 per token)"),
+    ModelSpec("mixtral-8x22b", layers=56, hidden=6144, heads=48, kv_heads=8, head_dim=128,
+              ffn=16384, vocab=32000, experts=8, experts_per_token=2,
+              source="mistralai/Mixtral-8x22B-v0.1 config.json (8 local experts, 2 per token)"),
+    ModelSpec("qwen3-coder-480b-a35b", layers=62, hidden=6144, heads=96, kv_heads=8,
+              head_dim=128, ffn=2560, vocab=151936, experts=160, experts_per_token=8,
+              source="Qwen/Qwen3-Coder-480B-A35B-Instruct config.json (moe_intermediate_size "
+              "2560, 160 experts, 8 per token, every layer sparse, no shared expert)"),
 ]}
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
