@@ -179,6 +179,8 @@ def trim_gpu(root: Path, short: str, system: str, versions: dict, out: Path) -> 
             rows = pd.read_parquet(moe_file)
             rows = rows[(rows["moe_dtype"] == "bfloat16") & (rows["moe_ep_size"] == 1)
                         & (rows["distribution"] == MOE_DISTRIBUTION)]
+            # one axis of the shapes pdserve has (a 4-axis product would be mostly empty):
+            # hidden, FFN, top-k and experts packed in one integer, unpacked below
             shape = (rows["hidden_size"].astype(np.int64) * 10**12
                      + rows["inter_size"].astype(np.int64) * 10**6
                      + rows["topk"].astype(np.int64) * 10**3 + rows["num_experts"])

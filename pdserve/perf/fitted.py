@@ -251,7 +251,7 @@ class PerfModel:
 
     def __post_init__(self) -> None:
         prefill = self.prefill
-        if prefill.knee_tokens or prefill.size_table_s:
+        if prefill.knee_tokens or prefill.size_table_s or self.mixed_decode_table_s:
             object.__setattr__(self, "_mixed_decode_extra_s", tuple(
                 self.mixed_decode_extra_s(size) for size in range(1, CONSTANT_BATCHES + 1)))
         if self.kv_capacity_tokens <= 0:
