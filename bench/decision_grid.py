@@ -411,7 +411,8 @@ def decode_step_ms(question: Question, tp: int, batch: int) -> float:
     from pdserve.perf.presets import perf_model
 
     context = batch * (question.input_tokens + question.output_tokens // 2)
-    return 1000 * perf_model(question.model, question.gpu, tp).decode.step_s(batch, context)
+    return 1000 * perf_model(question.model, question.gpu, tp, max_batch_size=batch
+                             ).decode.step_s(batch, context)
 
 
 def step_comparison(question: Question, aic: AicConfig, disaggregated: bool,
@@ -449,7 +450,7 @@ def step_comparison(question: Question, aic: AicConfig, disaggregated: bool,
         from pdserve.types import attn_units
 
         chunk, batch = mixed
-        runtime = perf_model(question.model, question.gpu, aic.decode_tp)
+        runtime = perf_model(question.model, question.gpu, aic.decode_tp, max_batch_size=batch)
         found["mixed"] = {
             "chunk_tokens": chunk, "batch": batch,
             "aic_ms": float(engine.mixed_step_latency(

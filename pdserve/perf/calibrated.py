@@ -40,7 +40,8 @@ from pdserve.perf.specs import GpuSpec, ModelSpec, check_dense, check_tp, gpu_sp
 FIT_GRID = FitGrid(
     prefill_tokens=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
     prefill_prior=(0, 1024, 4096, 16384),
-    decode_batch=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256),
+    decode_batch=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384,
+                  448, 512, 640, 768, 896, 1024),  # up to the batch limit (`fit_batches`)
     decode_context_per_seq=(128, 512, 1024, 2048, 4096), knee=True)
 
 

@@ -255,7 +255,16 @@ def fit_perf_model(name: str, prefill_s: Callable[[int, int], float],
 
 TABLE_CONTEXT_PER_SEQ = 1024  # where a decode size table is read
 MIXED_CHUNKS = (256, 1024, 2048)  # the chunks a mixed table is read beside (their median)
-MIXED_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+MIXED_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256,
+                 320, 384, 448, 512, 640, 768, 896, 1024)
+# the decode batches every fit covers, whatever the instances' batch limit below it: a limit
+# above it fits the model up to that limit (`fit_batches`), one below keeps this model
+FIT_MIN_BATCHES = 256
+
+
+def fit_batches(max_batch_size: int) -> int:
+    """The decode batches a fit for instances of `max_batch_size` sequences covers."""
+    return max(FIT_MIN_BATCHES, max_batch_size)
 
 
 def mixed_decode_table(prefill: PrefillCoeffs, decode: DecodeCoeffs,

@@ -20,7 +20,8 @@ weights take at most 60 % of the instance's memory. `tp` is per instance: `tp=8`
 instance over 8 GPUs (compute split 8 ways, 2 all-reduces per layer, the 8 GPUs' memory for
 weights and KV).
 
-`perf_model(model, gpu, tp, backend)` prices a step from one of two sources:
+`perf_model(model, gpu, tp, backend)` prices a step from one of two sources (fitted to decode
+batches up to 256, or up to `max_batch_size` where that is higher):
 
   measured  (`backend` "vllm", "sglang" or "trtllm", optionally "@version": `measured.py`)
             kernel timings AIConfigurator 0.12.0 measured for that engine version on that GPU
@@ -84,6 +85,7 @@ from functools import lru_cache
 
 from pdserve.perf.calibrated import Calibrated
 from pdserve.perf.engine_memory import engine_memory
+from pdserve.perf.fit import FIT_MIN_BATCHES, fit_batches
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.host_overhead import DEFAULT_HOST_OVERHEAD, host_overhead
 from pdserve.perf.measured import Measured
@@ -168,17 +170,25 @@ def measured(model: str, gpu: str, tp: int | None = None, backend: str | None = 
                     engine_memory(ops.name, ops.gpu, degree))
 
 
-@lru_cache(maxsize=64)
 def perf_model(model: str, gpu: str, tp: int | None = None, backend: str | None = None,
-               host_overhead: str = DEFAULT_HOST_OVERHEAD) -> PerfModel:
+               host_overhead: str = DEFAULT_HOST_OVERHEAD,
+               max_batch_size: int = FIT_MIN_BATCHES) -> PerfModel:
     """The runtime model for a model x gpu x tp on `backend` ("vllm", "sglang", "trtllm",
     each optionally "@version", or "vidur"; None: `DEFAULT_BACKEND`), fitted with per-size
     tables. `host_overhead` ("engine", "vllm-v0", "none") applies to the measured source;
-    the Vidur model keeps 2023 vLLM's."""
+    the Vidur model keeps 2023 vLLM's. `max_batch_size`: the instances' batch limit; the
+    fit covers decode batches up to it (at least `fit.FIT_MIN_BATCHES`: a lower limit
+    keeps that model)."""
+    return _perf_model(model, gpu, tp, backend, host_overhead, fit_batches(max_batch_size))
+
+
+@lru_cache(maxsize=64)
+def _perf_model(model: str, gpu: str, tp: int | None, backend: str | None, host_overhead: str,
+                batches: int) -> PerfModel:
     source = (backend or DEFAULT_BACKEND).lower()
     if source == VIDUR:
-        return calibrated(model, gpu, tp).to_perf_model(size_tables=True)
-    return measured(model, gpu, tp, source, host_overhead).to_perf_model()
+        return calibrated(model, gpu, tp).to_perf_model(batches, size_tables=True)
+    return measured(model, gpu, tp, source, host_overhead).to_perf_model(batches)
 
 
 @lru_cache(maxsize=64)

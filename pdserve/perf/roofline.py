@@ -43,7 +43,7 @@ ALLREDUCE_LATENCY_S = 10e-6
 
 FIT_GRID = FitGrid(prefill_tokens=(16, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
                    prefill_prior=(0, 1024, 4096, 16384),
-                   decode_batch=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                   decode_batch=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
                    decode_context_per_seq=(128, 512, 1024, 2048, 4096))
 
 

@@ -52,7 +52,7 @@ def heterogeneous_layout(config: Config) -> ClusterLayout:
         tp = group.tp or spec.tp or default_tp(spec.model, group.gpu)
         first_tp = first_tp or tp
         model = perf_model(spec.model, group.gpu, tp, spec.backend or None,
-                           spec.host_overhead)
+                           spec.host_overhead, config.instance.max_batch_size)
         per_node = cluster.instances_per_node or max(1, GPUS_PER_NODE // tp)
         node, filled = servers.get((group.gpu, tp), (-1, per_node))
         for _ in range(group.count):

@@ -67,7 +67,7 @@ def load_perf_model(config: Config) -> PerfModel:
         return PerfModel.load(config.perf.profile)
     perf = config.perf
     return perf_model(perf.model, perf.gpu, perf.tp or None, perf.backend or None,
-                      perf.host_overhead)
+                      perf.host_overhead, config.instance.max_batch_size)
 
 
 def kv_layers(config: Config) -> int:
