@@ -58,8 +58,8 @@ DECODE_HEAVY = PREFILL_HEAVY.with_values({
 EMPTY = summarize([], SLO(1.0, 1.0))
 
 
-def H800_8B(tp: int):  # noqa: N802 (a model, named as one)
-    return perf_model("llama-3.1-8b", "h800", tp)
+def H800_8B(tp: int, max_batch_size: int = 256):  # noqa: N802 (a model, named as one)
+    return perf_model("llama-3.1-8b", "h800", tp, max_batch_size=max_batch_size)
 
 
 FAST_SHORT = Fidelity("short", duration_s=20.0, min_requests=200, rel_tol=0.1, step=1.2)
@@ -522,8 +522,8 @@ def test_the_screen_prices_a_session_round_on_a_prefill_instance_at_its_new_toke
     plain = WorkloadShape.of(load_workload(PREFILL_HEAVY))
     assert plain.after_history is plain.whole
 
-    def perfs(tp: int):
-        return perf_model("qwen3-32b", "h20", tp)
+    def perfs(tp: int, max_batch_size: int = 256):
+        return perf_model("qwen3-32b", "h20", tp, max_batch_size=max_batch_size)
 
     screen = Screen(perfs, shape, SLO(0.35, 0.040), 0.9, 256)
     one_p_one_d = Deployment((InstanceGroup(1, 4, 2048, True, False),

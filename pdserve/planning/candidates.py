@@ -5,7 +5,8 @@ chunk size, the policy's knobs) plus the `Deployment` they make, which is what t
 screen prices (`screen.py`): groups of identical instances, each with its degree, token
 budget and the phases it runs. Knobs of the policy's own (Arrow's dwell, ARES's theta) do not
 change the deployment: the screen scores their candidates alike and the simulations tell
-them apart.
+them apart. The instances' batch limit does: a deployment the plan's limit holds back (by the
+screen) is a candidate again at `BATCH_LIMIT_SEARCHED` sequences (`with_batch_limit`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class InstanceGroup:
     chunk_tokens: int  # per-step token budget (prefill tokens and decodes together)
     prefill: bool  # runs prefills
     decode: bool  # runs decodes
+    max_batch_size: int | None = None  # sequences an instance batches (None: the plan's)
 
     @property
     def gpus(self) -> int:
@@ -60,7 +62,13 @@ class Deployment:
 
     def describe(self) -> str:
         return " + ".join(f"{g.count}x{g.role[0].upper()} TP{g.tp}"
-                          + (f" @{g.chunk_tokens}" if g.prefill else "") for g in self.groups)
+                          + (f" @{g.chunk_tokens}" if g.prefill else "")
+                          + (f" bs{g.max_batch_size}" if g.max_batch_size and g.decode else "")
+                          for g in self.groups)
+
+    def with_batch_limit(self, max_batch_size: int) -> Deployment:
+        return Deployment(tuple(replace(g, max_batch_size=max_batch_size)
+                                for g in self.groups))
 
 
 @dataclass(frozen=True)
@@ -242,3 +250,21 @@ def _taichi_candidates(space: SearchSpace, instances: int, tp: int) -> list[Cand
         candidate = _candidate(space, settings, Deployment(groups))
         found.append(replace(candidate, simulates_as=tuple(twin.items())))
     return found
+
+
+# the batch limit the planner tries beside the plan's: the largest decode batch vLLM runs as
+# a CUDA graph by default (`max_cudagraph_capture_size = min(2 max_num_seqs, 512)`; beyond
+# it steps run eagerly, a host cost the performance model does not price). Its default limit
+# on an H100-class GPU is 1,024 sequences (on an A100 or smaller, 256), pdserve's 256
+BATCH_LIMIT_SEARCHED = 512
+
+
+def with_batch_limit(candidate: Candidate, max_batch_size: int) -> Candidate:
+    """`candidate` with its instances batching up to `max_batch_size` sequences
+    (`instance.max_batch_size`), for a deployment whose decodes the plan's limit holds
+    back (`screen.ScreenEstimate.batch_limited`)."""
+    limit = (("instance.max_batch_size", max_batch_size),)
+    return replace(candidate, values=candidate.values + limit,
+                   deployment=candidate.deployment.with_batch_limit(max_batch_size),
+                   simulates_as=candidate.simulates_as + limit if candidate.simulates_as
+                   else ())

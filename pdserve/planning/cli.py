@@ -73,12 +73,17 @@ SHARED_FLAGS = (
     Flag("--ttft-slo", "slo.ttft_s", "TTFT target, seconds"),
     Flag("--tpot-slo", "slo.tpot_s", "TPOT (ampd: ITL) target, seconds"),
 )
-LENGTHS_AND_DEGREE_FLAGS = (  # taichi and all read them; ampd sets its own
+TAICHI_AND_ALL_FLAGS = (  # taichi and all read them; ampd sets its own
     Flag("--synthetic-lengths", "workload.synthetic_lengths",
          "e.g. table:sharegpt, table:arxiv-lengths"),
     Flag("--max-requests", "workload.max_requests", "keep at most this many requests",
          shown="all", type=int),
     Flag("--tp", "perf.tp", "tensor-parallel degree per instance", shown="the setup's"),
+    Flag("--max-batch-size", "instance.max_batch_size", "sequences an instance batches (all: "
+         "the search also tries 512 where this limit binds)"),
+    Flag("--slo-counts-decode-queue", "slo.counts_decode_queue", "attainment on TaiChi's "
+         "definitions: TTFT until the decode instance's first token (the wait for a decode "
+         "slot counts), TPOT over its gaps", switch=True),
 )
 
 
@@ -138,7 +143,7 @@ def add_plan_parser(subparsers: argparse._SubParsersAction) -> None:
                         "simulate the ILP's K best deployments as whole clusters under ampd "
                         "and rank them by SLO attainment (pdserve's addition) [all: 2, ampd: 0]")
     shared.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_flags(p.add_argument_group("taichi, all"), LENGTHS_AND_DEGREE_FLAGS, Config())
+    add_flags(p.add_argument_group("taichi, all"), TAICHI_AND_ALL_FLAGS, Config())
     tc = p.add_argument_group("taichi")
     cluster = Config().cluster
     tc.add_argument("--instances", type=at_least(2, MAX_INSTANCES), help=f"instances to "

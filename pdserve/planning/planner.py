@@ -4,7 +4,8 @@ deployment, for this workload, these SLOs, this many GPUs of this type.
 Every search space (`pdserve.policies.search_spaces`: each preset's, and the compositions
 across papers) is enumerated on the GPUs (`candidates.py`: one degree for all instances, and
 a degree per pool for the disaggregated spaces), AMPD's ILP adds its deployments
-(`proposals.py`), and the multi-fidelity search (`multi_fidelity.py`) screens, shortlists
+(`proposals.py`), those the batch limit holds back come again at a higher one, and the
+multi-fidelity search (`multi_fidelity.py`) screens, shortlists
 and confirms them with the same budget per space. The outcome (`outcome.py`) is printed
 (`report.py`), and with `--out DIR` written as the winner's config (`winner.yaml`), the
 Pareto plot (`pareto.png`) and its data (`pareto.json`), the record (`summary.json`) and
@@ -28,11 +29,13 @@ from pdserve.config_flags import config_from_args, flag_values
 from pdserve.perf.fitted import PerfModel
 from pdserve.perf.presets import default_tp
 from pdserve.planning.candidates import (
+    BATCH_LIMIT_SEARCHED,
     DEGREES,
     Candidate,
     enumerate_candidates,
     feasible_degrees,
     mixed_degree_candidates,
+    with_batch_limit,
 )
 from pdserve.planning.fidelity import SESSION_ROUNDS, trace_repeat
 from pdserve.planning.multi_fidelity import MultiFidelitySearch, SearchBudget, SearchOutcome
@@ -99,10 +102,11 @@ def confirmation_requests(base: Config, goodput_rps: float, scale: RunScale) -> 
     return LONG.requests(goodput_rps, scale)
 
 
-def perf_by_degree(base: Config) -> Callable[[int], PerfModel]:
-    """An instance's performance model at each degree, as the simulator loads it."""
-    return lru_cache(maxsize=None)(
-        lambda tp: load_perf_model(base.with_values({"perf.tp": tp})))
+def perf_by_degree(base: Config) -> Callable[[int, int], PerfModel]:
+    """An instance's performance model at each degree and batch limit, as the simulator
+    loads it."""
+    return lru_cache(maxsize=None)(lambda tp, max_batch_size: load_perf_model(
+        base.with_values({"perf.tp": tp, "instance.max_batch_size": max_batch_size})))
 
 
 def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> list[Candidate]:
@@ -132,6 +136,22 @@ def build_candidates(base: Config, policy: str, gpus: int, screen: Screen) -> li
     return candidates
 
 
+def batch_limit_candidates(base: Config, candidates: list[Candidate], screen: Screen
+                           ) -> list[Candidate]:
+    """Each deployment whose decodes the plan's batch limit holds back by the screen, again
+    at `BATCH_LIMIT_SEARCHED` sequences (screened here): where the TPOT SLO leaves room, an
+    engine batches more than 256 sequences (AIConfigurator's answers run 352-512 a worker;
+    docs/results/fidelity.md, "Eight MoE decisions"). None where the plan's limit is that
+    high already."""
+    if base.instance.max_batch_size >= BATCH_LIMIT_SEARCHED:
+        return []
+    found = [with_batch_limit(c, BATCH_LIMIT_SEARCHED) for c in candidates
+             if screen.estimate(c.deployment).batch_limited]
+    for candidate in found:
+        screen.estimate(candidate.deployment)
+    return found
+
+
 def search(base: Config, policy: str, gpus: int,
            budget: SearchBudget | Callable[[], SearchBudget],
            progress: ProgressLine | None = None,
@@ -152,6 +172,7 @@ def search(base: Config, policy: str, gpus: int,
                 f"{done:,} of the {len(candidates):,} configurations on {gpus} GPUs, before "
                 f"any simulation: give --time-limit more, or name one --policy")
         screen.estimate(candidate.deployment)
+    candidates += batch_limit_candidates(base, candidates, screen)
     runner = MultiFidelitySearch(base, candidates, screen,
                                  budget if isinstance(budget, SearchBudget) else budget(),
                                  progress.update if progress else None)
@@ -188,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
           f"{args.policy}, {budget.jobs} processes, at most {args.time_limit:g}s",
           flush=True)
     tp = base.perf.tp or default_tp(base.perf.model, base.perf.gpu)  # one the model fits
-    print(f"priced by {perf_by_degree(base)(tp).name}", flush=True)
+    print(f"priced by {load_perf_model(base.with_values({'perf.tp': tp})).name}", flush=True)
     if base.perf.tp and gpus % base.perf.tp:
         print(f"note: --tp {base.perf.tp} leaves {gpus % base.perf.tp} of the {gpus} GPUs "
               f"idle: the plan deploys {gpus - gpus % base.perf.tp}", flush=True)

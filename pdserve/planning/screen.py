@@ -122,6 +122,9 @@ class ScreenEstimate:
     ttft_p50_s: float  # at the goodput rate (nan when it is 0)
     ttft_p90_s: float
     tpot_s: float
+    # at the capacity rate a decoding group's batch is within 5 % of its limit
+    # (`instance.max_batch_size`): a higher limit may carry more (the planner tries one)
+    batch_limited: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,19 +137,26 @@ class _GroupLoad:
 class Screen:
     """Prices deployments of one model on one GPU type for one workload and SLO."""
 
-    _perfs: Callable[[int], PerfModel]
+    _perfs: Callable[[int, int], PerfModel]
 
-    def __init__(self, perfs: Callable[[int], PerfModel], shape: WorkloadShape, slo: SLO,
+    def __init__(self, perfs: Callable[[int, int], PerfModel], shape: WorkloadShape, slo: SLO,
                  target_attainment: float, max_batch_size: int) -> None:
-        """`perfs(tp)`: the performance model of an instance of that degree, as the
-        simulator loads it (`pdserve.sim.runner.load_perf_model`)."""
+        """`perfs(tp, max_batch_size)`: the performance model of an instance of that degree
+        and batch limit, as the simulator loads it (`pdserve.sim.runner.load_perf_model`);
+        `max_batch_size`: the plan's limit, for groups that set none."""
         self._perfs, self.shape, self.slo = perfs, shape, slo
         self.target = target_attainment
         self.max_batch_size = max_batch_size
         self._estimate = lru_cache(maxsize=None)(self._compute)
 
-    def perf(self, tp: int) -> PerfModel:
-        return self._perfs(tp)
+    def perf(self, tp: int, max_batch_size: int | None = None) -> PerfModel:
+        return self._perfs(tp, max_batch_size or self.max_batch_size)
+
+    def batch_limit(self, group: InstanceGroup) -> int:
+        return group.max_batch_size or self.max_batch_size
+
+    def _group_perf(self, group: InstanceGroup) -> PerfModel:
+        return self._perfs(group.tp, self.batch_limit(group))
 
     def estimate(self, deployment: Deployment) -> ScreenEstimate:
         return self._estimate(deployment)
@@ -170,7 +180,7 @@ class Screen:
               prefills: PrefillShape, tpot_bound: bool = True) -> _GroupLoad | None:
         """The instance's steady state, or None when it cannot keep up (with `tpot_bound`:
         or when its decode steps pass the TPOT SLO)."""
-        perf, shape = self.perf(group.tp), self.shape
+        perf, shape = self._group_perf(group), self.shape
         a = decode_rps * shape.mean_output
         b = prefill_rps * prefills.mean_tokens
         bound = (min(self.slo.tpot_s, MAX_STEP_S) if tpot_bound and group.decode and a > 0
@@ -194,7 +204,8 @@ class Screen:
         else:
             return None  # still growing: no fixed point near
         batch, tokens = a * t, b * t
-        if batch > self.max_batch_size or batch * shape.decode_context > perf.kv_capacity_tokens:
+        if batch > self.batch_limit(group) or \
+                batch * shape.decode_context > perf.kv_capacity_tokens:
             return None
         budget = group.chunk_tokens - (batch if group.decode else 0)
         if group.prefill and b > 0 and tokens > budget:
@@ -206,7 +217,7 @@ class Screen:
         """Per prefill token, what a chunk adds to a step of `batch` decodes: prompts are
         cut into chunks of the budget the decodes leave (at most a mean prompt), and each
         step that carries one costs the chunk's prefill time beyond the shared overhead."""
-        perf, shape = self.perf(group.tp), self.shape
+        perf, shape = self._group_perf(group), self.shape
         chunk = max(1, min(group.chunk_tokens - batch, round(prefills.mean_tokens)))
         context = int(batch * shape.decode_context)
         extra = (perf.batch_time_s(batch, context, chunk,
@@ -219,7 +230,7 @@ class Screen:
         """One prefill of (new tokens, context held) at the group's load, chunk by chunk,
         with no waiting; its KV moved (the context read in, the whole sent on) when
         `moves_kv`."""
-        perf, shape = self.perf(group.tp), self.shape
+        perf, shape = self._group_perf(group), self.shape
         new_tokens, held = prefill
         batch = math.ceil(load.batch) if group.decode else 0
         per_step = max(1, group.chunk_tokens - batch)
@@ -363,9 +374,10 @@ class Screen:
             #  0.001 req/s through days of near-idle arrivals, 3.5 GB and more)
             capacity = max(self._capacity(deployment, s, tpot_bound=False)
                            for s in self._shares(deployment))
+        limited = self._batch_limited(deployment, capacity, split)
         state = self._at_rate(deployment, goodput, split) if goodput > 0 else None
         if state is None:
-            return ScreenEstimate(goodput, capacity, math.nan, math.nan, math.nan)
+            return ScreenEstimate(goodput, capacity, math.nan, math.nan, math.nan, limited)
         loads = state[0]
         ttfts = self._ttfts(deployment, loads, split[0])
         values = np.array([t for t, _ in ttfts])
@@ -376,4 +388,12 @@ class Screen:
         p90 = float(values[order][min(len(values) - 1, np.searchsorted(cumulative, 0.9))])
         tpot = max((load.step_s for g, load in zip(deployment.groups, loads, strict=True)
                     if g.decode), default=math.nan)
-        return ScreenEstimate(goodput, capacity, p50, p90, tpot)
+        return ScreenEstimate(goodput, capacity, p50, p90, tpot, limited)
+
+    def _batch_limited(self, deployment: Deployment, capacity_rps: float,
+                       split: tuple[list[float], list[float]]) -> bool:
+        state = (self._at_rate(deployment, capacity_rps, split, attainment=False,
+                               tpot_bound=False) if capacity_rps > 0 else None)
+        return state is not None and any(
+            group.decode and load.batch >= 0.95 * self.batch_limit(group)
+            for group, load in zip(deployment.groups, state[0], strict=True))
