@@ -44,6 +44,7 @@ import yaml
 from pdserve.cluster.hardware import parse_instances
 from pdserve.cluster.topology import GPU_LINK, network_link
 from pdserve.live.ray_cluster import RaySettings
+from pdserve.perf.fit import MAX_BATCH_SIZE
 from pdserve.perf.host_overhead import HOST_OVERHEADS
 from pdserve.policies.setup import PolicyConfig
 from pdserve.sim.blocks import TRANSFER_MODES
@@ -205,6 +206,10 @@ class InstanceConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "instance", "chunk_size_tokens", "max_batch_size")
+        if self.max_batch_size > MAX_BATCH_SIZE:  # the performance model is fitted up to it
+            raise ValueError(f"config field 'instance.max_batch_size' must be at most "
+                             f"{MAX_BATCH_SIZE:,} sequences (vLLM's default is 1,024 on an "
+                             f"H100, 256 on an A100), got {self.max_batch_size:,}")
         if self.prefix_block_tokens != -1 and (self.prefix_block_tokens < 0
                                                or self.prefix_block_tokens % 16):
             raise ValueError(f"config field 'instance.prefix_block_tokens' must be a multiple "

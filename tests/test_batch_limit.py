@@ -129,3 +129,13 @@ def test_plan_takes_the_batch_limit_and_the_decode_queue_definition_as_flags():
     assert config.instance.max_batch_size == 512 and config.slo.counts_decode_queue
     plain = config_from_args(build_parser().parse_args(["plan"]), planner.plan_defaults())
     assert plain.instance.max_batch_size == 256 and not plain.slo.counts_decode_queue
+
+
+def test_a_batch_limit_no_fit_covers_is_refused_before_anything_runs():
+    """A limit of 10^8 (a typo) used to spend minutes fitting a model to it."""
+    with pytest.raises(ValueError, match="must be at most 16,384 sequences"):
+        Config().with_values({"instance.max_batch_size": 100_000_000})
+    assert Config().with_values({"instance.max_batch_size": 16_384}).instance.max_batch_size \
+        == 16_384
+    with pytest.raises(ValueError, match="above the 16,384"):
+        perf_model("llama-3.1-8b", "h100", 1, max_batch_size=20_000)

@@ -260,10 +260,15 @@ MIXED_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 22
 # the decode batches every fit covers, whatever the instances' batch limit below it: a limit
 # above it fits the model up to that limit (`fit_batches`), one below keeps this model
 FIT_MIN_BATCHES = 256
+# the largest limit a fit covers (2-6 s to fit; a limit of 10^8 was a run that never started)
+MAX_BATCH_SIZE = 16_384
 
 
 def fit_batches(max_batch_size: int) -> int:
     """The decode batches a fit for instances of `max_batch_size` sequences covers."""
+    if max_batch_size > MAX_BATCH_SIZE:
+        raise ValueError(f"a batch limit of {max_batch_size:,} sequences is above the "
+                         f"{MAX_BATCH_SIZE:,} a performance model is fitted to")
     return max(FIT_MIN_BATCHES, max_batch_size)
 
 
