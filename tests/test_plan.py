@@ -586,3 +586,47 @@ def test_plan_refuses_counts_and_limits_that_mean_nothing(flags, message, capsys
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
+
+
+def test_a_winner_whose_decode_pool_falls_behind_is_noted():
+    """3P + 1D batching 32 sequences: the decode instance cannot keep up, yet over a short
+    run the requests' wait for a decode slot hides in TPOT (256 tokens under a 200-ms SLO),
+    so the standard attainment passes a rate that, the wait counted in TTFT, only a few
+    requests meet. The plan says so beside its winner; a colocated winner has no such wait."""
+    from pdserve.planning.outcome import Interval, PolicyRow
+    from pdserve.planning.report import format_decode_queue_note
+
+    base = Config().with_values({
+        "workload.trace": "synthetic", "workload.synthetic_lengths": "fixed:2048:256",
+        "workload.synthetic_requests": 3000, "workload.synthetic_rate_rps": 10.0,
+        "perf.model": "llama-3.1-8b", "perf.gpu": "h800", "perf.tp": 1,
+        "instance.max_batch_size": 32, "slo.ttft_s": 2.0, "slo.tpot_s": 0.2})
+    samples = WorkloadSamples(base, 1)
+    [pd] = [c for c in enumerate_candidates(SEARCH_SPACES["static-pd"], 4, [1])
+            if c.settings["cluster.prefill"] == 3
+            and c.settings["instance.chunk_size_tokens"] == 2048]
+    [colocated] = [c for c in enumerate_candidates(SEARCH_SPACES["colocated"], 4, [1])
+                   if c.settings["instance.chunk_size_tokens"] == 2048]
+    notes = {}
+    for candidate in (pd, colocated):
+        result = run_trial(Trial(0, candidate, FAST_SHORT, 0, guess_rps=10.0), samples)
+        assert result.goodput_rps > 0
+        row = PolicyRow(candidate.space, candidate, Interval.of([result.goodput_rps]),
+                        "short", result.ttft_p50_s, result.ttft_p90_s, result.tpot_p50_s,
+                        result.tpot_p90_s, 0.0, 1, 1,
+                        attainment_with_decode_queue=result.attainment_with_decode_queue)
+        notes[candidate.space] = (result.attainment_with_decode_queue,
+                                  format_decode_queue_note(row, base.slo.targets(), 0.9))
+    attained, note = notes["static-pd"]
+    assert attained < 0.5 and f"attain {attained:.0%}" in note
+    assert "--slo-counts-decode-queue" in note
+    attained, note = notes["colocated"]
+    assert attained >= 0.9 and note == ""
+    # the SLO counting that wait already: no note
+    counted = base.with_values({"slo.counts_decode_queue": True}).slo.targets()
+    pd_row = PolicyRow("static-pd", pd, Interval.of([1.0]), "short", 0, 0, 0, 0, 0, 1, 1,
+                       attainment_with_decode_queue=0.1)
+    assert format_decode_queue_note(pd_row, counted, 0.9) == ""
+    # at about the target (a sound deployment at its goodput's edge): no note
+    edge = replace(pd_row, attainment_with_decode_queue=0.85)
+    assert format_decode_queue_note(edge, base.slo.targets(), 0.9) == ""

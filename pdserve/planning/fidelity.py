@@ -64,6 +64,9 @@ class TrialResult:
     # every rate the search tried met the SLOs (`GoodputResult.ceiling_reached`): the
     # goodput is a lower bound, and its runs likely too short to load the cluster
     ceiling_reached: bool = False
+    # the run at the goodput rate judged with the wait for a decode slot counted in TTFT
+    # (`Summary.slo_attainment_with_decode_queue`; nan when the goodput is 0)
+    attainment_with_decode_queue: float = math.nan
 
 
 def trace_repeat(base: Config, trace_requests: int, count: int) -> dict[str, Any]:
@@ -161,7 +164,9 @@ def run_trial(trial: Trial, samples: WorkloadSamples,
     requests = len(experiment_at(result.rate_rps).workload) if result.rate_rps > 0 else 0
     return TrialResult(trial.key, fidelity.name, seed, result.rate_rps, *ttft, *tpot,
                        len(result.points), requests, time.perf_counter() - started,
-                       ceiling_reached=result.ceiling_reached)
+                       ceiling_reached=result.ceiling_reached,
+                       attainment_with_decode_queue=(
+                           at[0].slo_attainment_with_decode_queue if at else nan))
 
 
 _SAMPLES: WorkloadSamples | None = None

@@ -59,6 +59,9 @@ class PolicyRow:
     # a run of its goodput met the SLOs at every rate tried (`TrialResult.ceiling_reached`):
     # the goodput is a lower bound
     ceiling_reached: bool = False
+    # at the goodput rate, the attainment with the wait for a decode slot counted in TTFT
+    # (mean over seeds): well below the target, a decode pool falls behind
+    attainment_with_decode_queue: float = math.nan
 
     @property
     def gpus(self) -> int:
@@ -123,7 +126,8 @@ def _row(space: str, records: list[CandidateRecord], resolution: float) -> Polic
                      _mean(results, "tpot_p50_s"), _mean(results, "tpot_p90_s"),
                      best.screen.goodput_rps, len(records),
                      sum(1 for r in records if r.short is not None or r.long),
-                     any(t.ceiling_reached for t in results))
+                     any(t.ceiling_reached for t in results),
+                     _mean(results, "attainment_with_decode_queue"))
 
 
 def policy_rows(outcome: SearchOutcome, resolution: float = 0.0) -> list[PolicyRow]:

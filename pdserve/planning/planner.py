@@ -48,6 +48,7 @@ from pdserve.planning.outcome import (
 from pdserve.planning.progress import ProgressLine
 from pdserve.planning.proposals import ampd_ilp_candidates
 from pdserve.planning.report import (
+    format_decode_queue_note,
     format_screen_error,
     format_table,
     format_verdict,
@@ -278,6 +279,9 @@ def run(args: argparse.Namespace) -> int:
               f"winner; give --time-limit more")
     else:
         print(format_verdict(result, rows))
+        note = format_decode_queue_note(result.winner, base.slo.targets(), base.goodput.target)
+        if note:
+            print(note)
     for fidelity in ("short", "long"):
         print(format_screen_error(screen_error(outcome, fidelity)))
     if args.out:

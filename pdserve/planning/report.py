@@ -12,6 +12,7 @@ from typing import Any
 from pdserve.config import Config
 from pdserve.planning.candidates import Candidate
 from pdserve.planning.outcome import ParetoPoint, PolicyRow, ScreenError, Verdict
+from pdserve.types import SLO
 
 
 def _ms(seconds: float) -> str:
@@ -57,6 +58,29 @@ def format_verdict(result: Verdict, rows: list[PolicyRow] | None = None) -> str:
     return text
 
 
+# how far below the target the winner's attainment with the decode queue counted must fall
+# for a note: at the goodput rate a sound disaggregated deployment attains about the target
+# either way (the azure-conv plan's rows: 0.90-1.00), one whose decode pool falls behind far
+# less (plan question 7: 0.57)
+DECODE_QUEUE_NOTE_MARGIN = 0.1
+
+
+def format_decode_queue_note(winner: PolicyRow | None, slo: SLO, target: float) -> str:
+    """A note when the winner moves KV and its runs at the goodput rate miss the target
+    (by `DECODE_QUEUE_NOTE_MARGIN`) once the wait for a decode slot counts in TTFT: a
+    decode pool that falls behind keeps
+    its requests waiting after their first token, a wait the standard attainment spreads
+    over TPOT, so a run of fixed length can pass it (docs/results/plan.md, question 7 with
+    the batch limit searched). "" otherwise, or when the SLO counts that wait already."""
+    if (winner is None or slo.counts_decode_queue or not winner.candidate.deployment.moves_kv
+            or not winner.attainment_with_decode_queue < target - DECODE_QUEUE_NOTE_MARGIN):
+        return ""
+    return (f"note: the winner's requests wait for a decode slot: with that wait counted in "
+            f"TTFT its runs at this rate attain {winner.attainment_with_decode_queue:.0%} "
+            f"(target {target:.0%}), and a decode pool that falls behind can pass a run of "
+            f"fixed length; plan with --slo-counts-decode-queue before trusting it")
+
+
 def format_screen_error(error: ScreenError | None) -> str:
     if error is None:
         return "screen error: no simulated candidate to measure it against"
@@ -73,8 +97,14 @@ def _row_json(row: PolicyRow) -> dict[str, Any]:
             "goodput_per_gpu": row.per_gpu.mean, "seeds": row.goodput.samples,
             "fidelity": row.fidelity, "ttft_p50_s": row.ttft_p50_s,
             "ttft_p90_s": row.ttft_p90_s, "tpot_p50_s": row.tpot_p50_s,
-            "tpot_p90_s": row.tpot_p90_s, "screen_goodput_rps": row.screen_goodput_rps,
+            "tpot_p90_s": row.tpot_p90_s,
+            "attainment_with_decode_queue": _finite_or_none(row.attainment_with_decode_queue),
+            "screen_goodput_rps": row.screen_goodput_rps,
             "candidates_screened": row.screened, "candidates_simulated": row.simulated}
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def plan_json(evaluated: int, wall_s: float, rows: list[PolicyRow],
