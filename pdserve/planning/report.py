@@ -68,10 +68,10 @@ DECODE_QUEUE_NOTE_MARGIN = 0.1
 def format_decode_queue_note(winner: PolicyRow | None, slo: SLO, target: float) -> str:
     """A note when the winner moves KV and its runs at the goodput rate miss the target
     (by `DECODE_QUEUE_NOTE_MARGIN`) once the wait for a decode slot counts in TTFT: a
-    decode pool that falls behind keeps
-    its requests waiting after their first token, a wait the standard attainment spreads
-    over TPOT, so a run of fixed length can pass it (docs/results/plan.md, question 7 with
-    the batch limit searched). "" otherwise, or when the SLO counts that wait already."""
+    decode pool that falls behind keeps its requests waiting after their first token, a
+    wait the standard attainment spreads over TPOT, so a run of fixed length can pass it
+    (docs/results/plan.md, question 7 with the batch limit searched). "" otherwise, or
+    when the SLO counts that wait already."""
     if (winner is None or slo.counts_decode_queue or not winner.candidate.deployment.moves_kv
             or not winner.attainment_with_decode_queue < target - DECODE_QUEUE_NOTE_MARGIN):
         return ""
@@ -98,13 +98,9 @@ def _row_json(row: PolicyRow) -> dict[str, Any]:
             "fidelity": row.fidelity, "ttft_p50_s": row.ttft_p50_s,
             "ttft_p90_s": row.ttft_p90_s, "tpot_p50_s": row.tpot_p50_s,
             "tpot_p90_s": row.tpot_p90_s,
-            "attainment_with_decode_queue": _finite_or_none(row.attainment_with_decode_queue),
+            "attainment_with_decode_queue": row.attainment_with_decode_queue,
             "screen_goodput_rps": row.screen_goodput_rps,
             "candidates_screened": row.screened, "candidates_simulated": row.simulated}
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def plan_json(evaluated: int, wall_s: float, rows: list[PolicyRow],

@@ -149,8 +149,9 @@ class Screen:
         self.max_batch_size = max_batch_size
         self._estimate = lru_cache(maxsize=None)(self._compute)
 
-    def perf(self, tp: int, max_batch_size: int | None = None) -> PerfModel:
-        return self._perfs(tp, max_batch_size or self.max_batch_size)
+    def perf(self, tp: int) -> PerfModel:
+        """An instance of degree `tp` at the plan's batch limit."""
+        return self._perfs(tp, self.max_batch_size)
 
     def batch_limit(self, group: InstanceGroup) -> int:
         return group.max_batch_size or self.max_batch_size
